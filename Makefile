@@ -1,0 +1,42 @@
+# The two commands: `make demo` and `make test`. Each one does its own set-up.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+# Debian packages the test suite drives for real (strace: the fsync-before-ack check).
+APT_PACKAGES := strace
+
+.PHONY: demo test lint typecheck unit bench fuzz system-deps clean
+
+$(BIN)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/affidavit demo
+
+test: $(BIN)/.installed system-deps lint typecheck unit
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy
+
+unit: $(BIN)/.installed
+	$(BIN)/pytest -p no:cacheprovider
+
+# Installs what the tests drive for real, once, when it is missing (root on CI and here).
+system-deps:
+	@missing=""; for p in $(APT_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/log_append.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""egress_proxy."""

@@ -1,0 +1,1 @@
+"""enclave_image."""

@@ -1,0 +1,364 @@
+"""The audit: check a store or a bundle from its bytes alone, and name every problem.
+
+Without a key it checks what anyone can: every line is a valid entry of its stream, ``seq``
+runs 0, 1, 2 … with no gap, duplicate or reordering, the Merkle tree over the stored bytes
+matches every checkpoint signed by the log key, checkpoints agree with each other, and the
+log still holds everything a checkpoint covered (or that a user kept, ``against``). With a
+recipient key it also opens every body and recomputes every digest against its bytes.
+
+Problem codes (stable; ``docs/record.md`` lists them):
+
+==========================  ========================================================
+``malformed_entry``         a stored line is not a valid entry (names the field)
+``stream_mismatch``         an entry names another stream than the one holding it
+``leaf_mismatch``           a stored leaf hash is not the hash of the stored line
+``seq_gap``                 a ``seq`` is missing (a lost or deleted entry)
+``seq_order``               entries are stored out of ``seq`` order
+``seq_duplicate``           a ``seq`` appears twice
+``truncated``               the log holds fewer entries than a checkpoint covers
+``root_mismatch``           the tree at a checkpoint's size has another root
+``checkpoint_invalid``      a checkpoint is malformed, for another origin, or not signed
+                            by the log key
+``checkpoint_inconsistent`` two checkpoints that cannot both describe this log
+``cannot_open``             (with a key) a body does not open
+``malformed_body``          (with a key) an opened body is not valid for its kind
+``body_digest_mismatch``    (with a key) a digest does not match the bytes it covers
+==========================  ========================================================
+
+This module never writes and never reads the clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from record import merkle
+from record.checkpoint import Checkpoint, CheckpointError, Verifier, open_checkpoint
+from record.errors import CannotOpen, SchemaError
+from record.reader import StreamKeys, digest_mismatches
+from record.schema import Entry, StreamOpened, parse_body, parse_entry
+from record.seal import KeyPair
+from record.sqlite_store import SQLiteStore
+
+#: At most this many problems of one code are listed per stream; the rest are counted.
+_PER_CODE_LIMIT = 50
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str
+    stream: str
+    seq: int | None
+    detail: str
+
+
+@dataclass
+class Report:
+    """The audit's verdict: ``ok`` only when no problem was found."""
+
+    entries: int = 0
+    streams: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def codes(self) -> set[str]:
+        return {p.code for p in self.problems}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "entries": self.entries,
+            "problems": [asdict(p) for p in self.problems],
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=None, sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One stored entry as the audit sees it; ``seq``/``leaf_hash`` are the store's own columns."""
+
+    line: bytes
+    seq: int | None = None
+    leaf_hash: bytes | None = None
+    where: str = ""  # "line 7 of entries.jsonl", for people
+
+
+@dataclass(frozen=True)
+class _Signed:
+    checkpoint: Checkpoint
+    label: str
+    kept: bool
+
+
+class _Problems:
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.items: list[Problem] = []
+        self._counts: dict[str, int] = {}
+
+    def add(self, code: str, seq: int | None, detail: str) -> None:
+        n = self._counts.get(code, 0) + 1
+        self._counts[code] = n
+        if n <= _PER_CODE_LIMIT:
+            self.items.append(Problem(code, self.stream, seq, detail))
+
+    def finish(self) -> list[Problem]:
+        for code, n in self._counts.items():
+            if n > _PER_CODE_LIMIT:
+                more = n - _PER_CODE_LIMIT
+                self.items.append(Problem(code, self.stream, None, f"… and {more} more"))
+        return self.items
+
+
+def audit_stream(
+    stream: str,
+    rows: Sequence[Row],
+    checkpoints: Sequence[tuple[str, bytes]],
+    log_key: str | None,
+    *,
+    key: KeyPair | None = None,
+    kept: Sequence[tuple[str, bytes]] = (),
+) -> list[Problem]:
+    """Every problem of one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs."""
+    out = _Problems(stream)
+    leaves, entries = _check_entries(stream, rows, out)
+    _check_seq(entries, out)
+    opened = next((e for e in entries if e.kind == "stream.opened"), None)
+    origin = None
+    if opened is not None and isinstance(opened.body, dict):
+        try:
+            opened_body = parse_body(opened.kind, opened.body)
+            assert isinstance(opened_body, StreamOpened)
+            origin = opened_body.origin
+            if log_key is not None and opened_body.log_key != log_key:
+                out.add(
+                    "checkpoint_invalid",
+                    opened.seq,
+                    f"the stream names log key {opened_body.log_key}, the log has {log_key}",
+                )
+        except SchemaError as exc:
+            out.add("malformed_entry", opened.seq, str(exc))
+    signed = _check_signatures(checkpoints, kept, log_key, origin, out)
+    _check_tree(leaves, signed, out)
+    if key is not None:
+        _check_bodies(stream, entries, key, out)
+    return out.finish()
+
+
+def _check_entries(
+    stream: str, rows: Sequence[Row], out: _Problems
+) -> tuple[list[bytes], list[Entry]]:
+    leaves: list[bytes] = []
+    entries: list[Entry] = []
+    for row in rows:
+        leaf = merkle.hash_leaf(row.line)
+        leaves.append(leaf)
+        if row.leaf_hash is not None and row.leaf_hash != leaf:
+            out.add("leaf_mismatch", row.seq, f"{row.where}: stored leaf hash is not the line's")
+        try:
+            entry = parse_entry(row.line)
+        except SchemaError as exc:
+            out.add("malformed_entry", row.seq, f"{row.where}: {exc}")
+            continue
+        if entry.stream != stream:
+            out.add("stream_mismatch", entry.seq, f"{row.where}: entry names {entry.stream!r}")
+        if row.seq is not None and row.seq != entry.seq:
+            out.add(
+                "seq_order",
+                entry.seq,
+                f"{row.where}: stored at seq {row.seq}, entry says {entry.seq}",
+            )
+        entries.append(entry)
+    return leaves, entries
+
+
+def _check_seq(entries: Iterable[Entry], out: _Problems) -> None:
+    seen: set[int] = set()
+    highest = -1
+    for entry in entries:
+        if entry.seq in seen:
+            out.add("seq_duplicate", entry.seq, f"seq {entry.seq} appears more than once")
+        elif entry.seq < highest:
+            out.add("seq_order", entry.seq, f"seq {entry.seq} is stored after seq {highest}")
+        seen.add(entry.seq)
+        highest = max(highest, entry.seq)
+    for missing in range(highest + 1):
+        if missing not in seen:
+            out.add("seq_gap", missing, f"seq {missing} is missing")
+
+
+def _check_signatures(
+    checkpoints: Sequence[tuple[str, bytes]],
+    kept: Sequence[tuple[str, bytes]],
+    log_key: str | None,
+    origin: str | None,
+    out: _Problems,
+) -> list[_Signed]:
+    verifiers: list[Verifier] = []
+    if log_key is not None:
+        try:
+            verifiers.append(Verifier.from_vkey(log_key))
+        except CheckpointError as exc:
+            out.add("checkpoint_invalid", None, f"log key {log_key!r} is malformed: {exc}")
+    elif checkpoints or kept:
+        out.add("checkpoint_invalid", None, "no log key to check checkpoint signatures with")
+    signed: list[_Signed] = []
+    for is_kept, items in ((False, checkpoints), (True, kept)):
+        for label, note in items:
+            try:
+                checkpoint, _ = open_checkpoint(note, verifiers)
+            except CheckpointError as exc:
+                out.add("checkpoint_invalid", None, f"{label}: {exc}")
+                continue
+            if origin is not None and checkpoint.origin != origin:
+                out.add(
+                    "checkpoint_invalid",
+                    None,
+                    f"{label}: origin {checkpoint.origin!r} is not this stream's ({origin!r})",
+                )
+                continue
+            signed.append(_Signed(checkpoint, label, is_kept))
+    return signed
+
+
+def _check_tree(leaves: Sequence[bytes], signed: Sequence[_Signed], out: _Problems) -> None:
+    n = len(leaves)
+    roots = _roots_at(leaves, {s.checkpoint.size for s in signed if s.checkpoint.size <= n})
+    by_size: dict[int, _Signed] = {}
+    for s in signed:
+        other = by_size.setdefault(s.checkpoint.size, s)
+        if other.checkpoint.root_hash != s.checkpoint.root_hash:
+            out.add(
+                "checkpoint_inconsistent",
+                s.checkpoint.size - 1,
+                f"{other.label} and {s.label} give tree size {s.checkpoint.size} two roots",
+            )
+    matching = [
+        s
+        for s in signed
+        if s.checkpoint.size <= n and roots[s.checkpoint.size] == s.checkpoint.root_hash
+    ]
+    # The largest checkpoint the log matches proves what its tree held at every smaller size.
+    anchor = max(matching, key=lambda s: s.checkpoint.size, default=None)
+    for s in signed:
+        cp = s.checkpoint
+        if cp.size > n:
+            what = "you kept" if s.kept else "the log holds"
+            out.add(
+                "truncated",
+                n,
+                f"{s.label}: a checkpoint {what} covers {cp.size} entries; the log has {n}"
+                + (" (rolled back)" if s.kept else ""),
+            )
+        elif roots[cp.size] != cp.root_hash:
+            if anchor is not None and cp.size < anchor.checkpoint.size:
+                out.add(
+                    "checkpoint_inconsistent",
+                    cp.size - 1,
+                    f"{s.label} (size {cp.size}) is not consistent with {anchor.label} "
+                    f"(size {anchor.checkpoint.size}), which the log matches"
+                    + (": the log was forked" if s.kept else ""),
+                )
+            else:
+                out.add(
+                    "root_mismatch",
+                    cp.size - 1,
+                    f"{s.label}: tree of {cp.size} entries has root "
+                    f"{roots[cp.size].hex()}, the checkpoint says {cp.root_hash.hex()}",
+                )
+
+
+def _roots_at(leaves: Sequence[bytes], sizes: set[int]) -> dict[int, bytes]:
+    """Roots of the tree at each of ``sizes`` in one pass over the leaves."""
+    roots: dict[int, bytes] = {}
+    if 0 in sizes:
+        roots[0] = merkle.EMPTY_ROOT
+    tree = merkle.CompactRange()
+    for leaf in leaves:
+        tree.append(leaf)
+        if tree.size in sizes:
+            roots[tree.size] = tree.root()
+    return roots
+
+
+def _check_bodies(stream: str, entries: Sequence[Entry], key: KeyPair, out: _Problems) -> None:
+    try:
+        keys = StreamKeys.collect(stream, entries, key)
+    except (CannotOpen, SchemaError) as exc:
+        out.add("cannot_open", None, str(exc))
+        return
+    for entry in entries:
+        try:
+            body = keys.open(entry)
+        except CannotOpen as exc:
+            out.add("cannot_open", entry.seq, f"{entry.kind}: {exc}")
+            continue
+        except SchemaError as exc:
+            out.add("malformed_body", entry.seq, str(exc))
+            continue
+        for problem in digest_mismatches(body):
+            out.add("body_digest_mismatch", entry.seq, f"{entry.kind}: {problem}")
+
+
+def verify_store(
+    path: Path | str,
+    *,
+    key: KeyPair | None = None,
+    kept: Sequence[bytes] = (),
+    log_key: str | None = None,
+) -> Report:
+    """Audit every stream of a SQLite store. ``kept``: checkpoint notes a user saved earlier."""
+    store = SQLiteStore(path, readonly=True)
+    try:
+        log_key = log_key or store.get_meta("log_key")
+        report = Report()
+        streams = store.streams()
+        routed = _route_kept(kept, streams)
+        for stream in streams:
+            rows = [
+                Row(e.line, e.seq, e.leaf_hash, f"{Path(path).name}:{stream}/{e.seq}")
+                for e in store.entries(stream)
+            ]
+            notes = [
+                (f"checkpoint #{i} (size {c.size})", c.note)
+                for i, c in enumerate(store.checkpoints(stream))
+            ]
+            report.entries += len(rows)
+            report.streams.append(stream)
+            report.problems += audit_stream(
+                stream, rows, notes, log_key, key=key, kept=routed.get(stream, [])
+            )
+        report.problems += _unrouted(routed, streams)
+        return report
+    finally:
+        store.close()
+
+
+def _route_kept(
+    kept: Sequence[bytes], streams: Sequence[str]
+) -> dict[str, list[tuple[str, bytes]]]:
+    """Send each kept checkpoint to the stream named by its origin's last part."""
+    routed: dict[str, list[tuple[str, bytes]]] = {}
+    for i, note in enumerate(kept):
+        first = note.split(b"\n", 1)[0].decode("utf-8", "replace")
+        stream = first.rsplit("/", 1)[-1]
+        routed.setdefault(stream, []).append((f"kept checkpoint #{i} ({first})", note))
+    return routed
+
+
+def _unrouted(routed: dict[str, list[tuple[str, bytes]]], streams: Sequence[str]) -> list[Problem]:
+    return [
+        Problem("truncated", stream, None, f"{label}: the log holds no stream {stream!r}")
+        for stream, items in routed.items()
+        if stream not in streams
+        for label, _ in items
+    ]

@@ -1,0 +1,226 @@
+"""The auditor bundle: one stream, exported as a self-contained directory.
+
+::
+
+    bundle.json          {"format", "schema_version", "stream", "entries", "checkpoints",
+                          "log_key", "recipients", "evidence"}
+    entries.jsonl        every entry exactly as stored, one per line, each ending in "\\n"
+    checkpoints/NNNNNN.note   every checkpoint the log signed for the stream, in order
+    log_key.pub          the C2SP verifier key of the checkpoint signer
+    recipients.txt       the X25519 public keys the stream's data keys are sealed to
+    evidence/            archived attestation evidence, when the stream has any
+
+``bundle.json`` is a convenience index, not evidence: the audit trusts only the entries,
+the checkpoints and the log key (pinned by the user or by attestation). Export never
+changes the store; loading never writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from record.audit import Problem, Report, Row, audit_stream
+from record.errors import StoreMissing, UnknownStream
+from record.schema import CLEAR_KINDS, SCHEMA_VERSION, parse_entry
+from record.seal import KeyPair
+from record.sqlite_store import SQLiteStore
+
+FORMAT = "affidavit-bundle/v1"
+ENTRIES = "entries.jsonl"
+INDEX = "bundle.json"
+LOG_KEY = "log_key.pub"
+RECIPIENTS = "recipients.txt"
+CHECKPOINTS = "checkpoints"
+EVIDENCE = "evidence"
+
+
+def export_stream(store_path: Path | str, stream: str, out: Path | str) -> dict[str, Any]:
+    """Write the bundle of ``stream`` into ``out`` (created; must be empty if it exists)."""
+    out = Path(out)
+    store = SQLiteStore(store_path, readonly=True)
+    try:
+        if store.size(stream) == 0:
+            raise UnknownStream(f"store {store_path} holds no stream {stream!r}")
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not empty")
+        out.mkdir(parents=True, exist_ok=True)
+        count = 0
+        recipients: list[str] = []
+        with _atomic(out / ENTRIES) as fh:
+            for stored in store.entries(stream):
+                fh.write(stored.line + b"\n")
+                count += 1
+                if (
+                    b'"kind":"stream.opened"' in stored.line
+                    or b'"kind":"key.rotated"' in stored.line
+                ):
+                    entry = parse_entry(stored.line)
+                    if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
+                        for item in entry.body.get("recipients", []):  # type: ignore[union-attr]
+                            if isinstance(item, dict) and item["recipient"] not in recipients:
+                                recipients.append(str(item["recipient"]))
+        (out / CHECKPOINTS).mkdir(exist_ok=True)
+        checkpoints = store.checkpoints(stream)
+        for i, cp in enumerate(checkpoints):
+            with _atomic(out / CHECKPOINTS / f"{i:06d}.note") as fh:
+                fh.write(cp.note)
+        evidence = store.evidence(stream)
+        if evidence:
+            (out / EVIDENCE).mkdir(exist_ok=True)
+            for name, data in evidence:
+                with _atomic(out / EVIDENCE / name) as fh:
+                    fh.write(data)
+        log_key = store.get_meta("log_key") or ""
+        with _atomic(out / LOG_KEY) as fh:
+            fh.write(log_key.encode() + b"\n")
+        with _atomic(out / RECIPIENTS) as fh:
+            fh.write("".join(r + "\n" for r in recipients).encode())
+        index = {
+            "format": FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "stream": stream,
+            "entries": count,
+            "checkpoints": len(checkpoints),
+            "log_key": log_key,
+            "recipients": recipients,
+            "evidence": [name for name, _ in evidence],
+        }
+        with _atomic(out / INDEX) as fh:
+            fh.write(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
+        return index
+    finally:
+        store.close()
+
+
+class _atomic:
+    """Write to ``path.tmp``, fsync, then rename, so a half-written file never appears."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(path.name + ".tmp")
+
+    def __enter__(self) -> Any:
+        self.fh = open(self.tmp, "wb")
+        return self.fh
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def verify_bundle(
+    path: Path | str,
+    *,
+    key: KeyPair | None = None,
+    kept: Sequence[bytes] = (),
+    log_key: str | None = None,
+) -> Report:
+    """Audit an exported bundle; a malformed bundle is a problem found, never a crash."""
+    root = Path(path)
+    if not root.is_dir():
+        raise StoreMissing(f"bundle directory {root} does not exist")
+    report = Report()
+    index, stream, problems = _read_index(root)
+    report.problems += problems
+    rows, problems = _read_entries(root, stream)
+    report.problems += problems
+    if stream is None:
+        stream = _stream_from_rows(rows) or "?"
+    if log_key is None:
+        log_key, problems = _read_log_key(root, stream)
+        report.problems += problems
+    notes = _read_checkpoints(root, stream, report.problems)
+    if (
+        index is not None
+        and isinstance(index.get("entries"), int)
+        and index["entries"] != len(rows)
+    ):
+        report.problems.append(
+            Problem(
+                "malformed_bundle",
+                stream,
+                None,
+                f"{INDEX} lists {index['entries']} entries, {ENTRIES} holds {len(rows)}",
+            )
+        )
+    report.entries = len(rows)
+    report.streams = [stream]
+    kept_pairs = [(f"kept checkpoint #{i}", note) for i, note in enumerate(kept)]
+    report.problems += audit_stream(stream, rows, notes, log_key, key=key, kept=kept_pairs)
+    return report
+
+
+def _read_index(root: Path) -> tuple[dict[str, Any] | None, str | None, list[Problem]]:
+    path = root / INDEX
+    try:
+        index = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None, None, [Problem("malformed_bundle", "?", None, f"{path} is missing")]
+    except (ValueError, UnicodeDecodeError) as exc:
+        return None, None, [Problem("malformed_bundle", "?", None, f"{path}: not JSON ({exc})")]
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        return None, None, [Problem("malformed_bundle", "?", None, f"{path}: not a {FORMAT} index")]
+    if index.get("schema_version") != SCHEMA_VERSION:
+        version = index.get("schema_version")
+        detail = f"{path}: unknown schema_version {version!r}; this reader knows {SCHEMA_VERSION!r}"
+        return index, None, [Problem("malformed_bundle", "?", None, detail)]
+    stream = index.get("stream")
+    return index, stream if isinstance(stream, str) else None, []
+
+
+def _read_entries(root: Path, stream: str | None) -> tuple[list[Row], list[Problem]]:
+    path = root / ENTRIES
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], [Problem("malformed_bundle", stream or "?", None, f"{path} is missing")]
+    problems: list[Problem] = []
+    if data and not data.endswith(b"\n"):
+        problems.append(
+            Problem("malformed_bundle", stream or "?", None, f"{path}: last line is cut short")
+        )
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    rows = [Row(line, None, None, f"{path.name} line {i + 1}") for i, line in enumerate(lines)]
+    return rows, problems
+
+
+def _stream_from_rows(rows: Sequence[Row]) -> str | None:
+    for row in rows:
+        try:
+            return parse_entry(row.line).stream
+        except Exception:
+            continue
+    return None
+
+
+def _read_log_key(root: Path, stream: str) -> tuple[str | None, list[Problem]]:
+    path = root / LOG_KEY
+    try:
+        return path.read_text("utf-8").strip(), []
+    except FileNotFoundError:
+        return None, [Problem("malformed_bundle", stream, None, f"{path} is missing")]
+    except UnicodeDecodeError:
+        return None, [Problem("malformed_bundle", stream, None, f"{path} is not UTF-8")]
+
+
+def _read_checkpoints(root: Path, stream: str, problems: list[Problem]) -> list[tuple[str, bytes]]:
+    folder = root / CHECKPOINTS
+    if not folder.is_dir():
+        problems.append(Problem("malformed_bundle", stream, None, f"{folder} is missing"))
+        return []
+    return [
+        (f"{CHECKPOINTS}/{p.name}", p.read_bytes())
+        for p in sorted(folder.iterdir())
+        if p.suffix == ".note"
+    ]

@@ -1,0 +1,437 @@
+"""The log writer: seals, orders, hashes and durably commits entries, one writer per store.
+
+Every append goes through one writer thread. Appenders that arrive while a commit is in
+flight queue up and are written together in the next transaction (group commit), so 16
+concurrent appenders cost one fsync per batch rather than sixteen. An append returns only
+once its transaction is durable.
+
+Inside the transaction each entry gets its ``seq``; only then can it be built, because the
+envelope (``seq`` included) is the AEAD associated data and the Merkle leaf covers the whole
+line. A checkpoint is signed in the same transaction after every ``turn.ended`` and on demand.
+
+This module never verifies: ``record.audit`` does, from the bytes alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uuid6
+
+from record import merkle
+from record.checkpoint import Checkpoint, Signer, sign_checkpoint
+from record.digest import Domain, canonical_json, digest
+from record.errors import CannotOpen, RecordError, UnknownStream
+from record.schema import (
+    CLEAR_KINDS,
+    SCHEMA_VERSION,
+    EvidenceArchived,
+    KeyRotated,
+    StreamOpened,
+    Strict,
+    WrappedKey,
+    body_kind,
+    parse_entry,
+    utc_timestamp,
+)
+from record.seal import KeyPair, RecipientKey, new_data_key, seal
+from record.sqlite_store import SQLiteStore
+from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint, StoredEntry
+
+LOG_KEY_NAME = "affidavit-log"
+_MAX_BATCH = 256
+
+
+def origin_for(signer: Signer, stream: str) -> str:
+    """One checkpoint origin per stream, unique to the log key that signs it."""
+    return f"{signer.name}/{signer.key_id.hex()}/{stream}"
+
+
+def entry_line(envelope: dict[str, Any], body: str | dict[str, Any]) -> tuple[bytes, bytes]:
+    """``(line, associated_data)``: the RFC 8785 bytes of the entry and of its envelope.
+
+    JCS sorts members by name and ``body`` sorts before every envelope member, so the line is
+    ``{"body":<body>,`` followed by the envelope's own canonical bytes after its ``{``.
+    """
+    ad = canonical_json(envelope)
+    return b'{"body":' + canonical_json(body) + b"," + ad[1:], ad
+
+
+@dataclass(frozen=True)
+class Appended:
+    """What an appender learns once its entry is durable."""
+
+    stream: str
+    seq: int
+    event_id: str
+    kind: str
+    occurred_at: str
+    leaf_hash: bytes
+    tree_size: int
+    root_hash: bytes
+    checkpoint: bytes | None = None  # the signed note, when this append produced one
+
+
+@dataclass
+class _StreamState:
+    tree: merkle.CompactRange
+    epoch: int
+    data_key: bytes | None  # None until opened with a recipient key (after a restart)
+
+
+@dataclass
+class _Request:
+    stream: str
+    kind: str
+    payload: bytes | dict[str, Any]  # sealed kinds: body plaintext; clear kinds: body object
+    checkpoint: bool
+    future: Future[Appended] = field(default_factory=Future)
+    new_key: tuple[int, bytes] | None = None  # (epoch, data key) a clear entry brings in
+    envelope: dict[str, Any] | None = None  # set once the entry is built
+
+
+class Log:
+    """The single writer of one store. Thread-safe; ``append_async`` for asyncio callers."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        signer: Signer,
+        *,
+        appliance_key: KeyPair | None = None,
+    ) -> None:
+        self.store = store
+        self.signer = signer
+        self.appliance_key = appliance_key
+        existing = store.get_meta("log_key")
+        if existing is None:
+            store.set_meta("log_key", signer.vkey())
+        elif existing != signer.vkey():
+            raise RecordError(f"this store's checkpoints are signed by {existing}, not this key")
+        self._streams: dict[str, _StreamState] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # the store's writer connection is not shareable
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def open(
+        cls,
+        path: Path | str,
+        *,
+        signing_key: Path | None = None,
+        appliance_key: KeyPair | None = None,
+    ) -> Log:
+        """Open (or create) a SQLite store and its log signing key (0600, created at first start)."""
+        path = Path(path)
+        key_path = signing_key or path.with_name(path.name + ".signing-key")
+        signer = Signer.load_or_create(key_path, LOG_KEY_NAME)
+        return cls(SQLiteStore(path), signer, appliance_key=appliance_key)
+
+    # -- public API ------------------------------------------------------------------------------
+
+    def log_key(self) -> str:
+        """The C2SP verifier key of checkpoint signatures, for attestation binding."""
+        return self.signer.vkey()
+
+    def open_stream(
+        self,
+        stream: str,
+        recipients: Sequence[RecipientKey],
+        labels: dict[str, str] | None = None,
+    ) -> Appended:
+        """Append the stream's opening entry, sealing a fresh data key to every recipient."""
+        if not recipients:
+            raise ValueError("a stream needs at least one recipient key")
+        if self.store.size(stream):
+            raise ValueError(f"stream {stream!r} already exists")
+        data_key = new_data_key()
+        body = StreamOpened(
+            origin=origin_for(self.signer, stream),
+            log_key=self.signer.vkey(),
+            key_epoch=0,
+            recipients=_wrap_all(recipients, data_key, stream, 0),
+            labels=labels or {},
+        )
+        return self._submit(stream, body, new_key=(0, data_key), checkpoint=True).result()
+
+    def rotate_key(self, stream: str, recipients: Sequence[RecipientKey]) -> Appended:
+        """Start a new key epoch: later bodies are sealed under a fresh data key."""
+        state = self._state(stream)
+        epoch = state.epoch + 1
+        data_key = new_data_key()
+        body = KeyRotated(
+            key_epoch=epoch, recipients=_wrap_all(recipients, data_key, stream, epoch)
+        )
+        return self._submit(stream, body, new_key=(epoch, data_key), checkpoint=False).result()
+
+    def append(self, stream: str, body: Strict, *, checkpoint: bool = False) -> Appended:
+        """Seal and durably append ``body``; blocks until its commit is on disk."""
+        return self._submit(stream, body, checkpoint=checkpoint).result()
+
+    async def append_async(
+        self, stream: str, body: Strict, *, checkpoint: bool = False
+    ) -> Appended:
+        return await asyncio.wrap_future(self._submit(stream, body, checkpoint=checkpoint))
+
+    def archive_evidence(self, stream: str, evidence_kind: str, name: str, data: bytes) -> Appended:
+        """Keep attestation evidence for the stream's bundle and record its digest."""
+        self._state(stream)
+        with self._write_lock:
+            self.store.archive_evidence(stream, name, data)
+        body = EvidenceArchived.model_validate(
+            {
+                "evidence_kind": evidence_kind,
+                "file": name,
+                "evidence_digest": digest(Domain.EVIDENCE, data),
+            }
+        )
+        return self.append(stream, body)
+
+    def checkpoint(self, stream: str) -> StoredCheckpoint:
+        """Sign a checkpoint of the stream's current tree now, on demand."""
+        self._state(stream)
+        request = _Request(stream, "", b"", checkpoint=True)
+        self._queue.put(request)
+        appended = request.future.result()
+        assert appended.checkpoint is not None
+        return StoredCheckpoint(stream, appended.tree_size, appended.checkpoint)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+            self.store.close()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _submit(
+        self,
+        stream: str,
+        body: Strict,
+        *,
+        checkpoint: bool,
+        new_key: tuple[int, bytes] | None = None,
+    ) -> Future[Appended]:
+        if self._closed:
+            raise RecordError("the log is closed")
+        kind = body_kind(body)
+        if new_key is None:
+            if kind in CLEAR_KINDS:
+                raise ValueError(f"{kind} entries are written by open_stream/rotate_key")
+            self._state(stream)  # refuse unknown streams before queueing
+        payload: bytes | dict[str, Any]
+        if kind in CLEAR_KINDS:
+            payload = body.model_dump(mode="json")
+        else:
+            payload = canonical_json(body.model_dump(mode="json"))
+        request = _Request(stream, kind, payload, checkpoint or kind == "turn.ended")
+        request.new_key = new_key
+        self._queue.put(request)
+        return request.future
+
+    def _state(self, stream: str) -> _StreamState:
+        with self._lock:
+            state = self._streams.get(stream)
+        if state is not None:
+            return state
+        leaves = self.store.leaf_hashes(stream)
+        if not leaves:
+            raise UnknownStream(f"stream {stream!r} has not been opened")
+        tree = merkle.CompactRange()
+        for leaf in leaves:
+            tree.append(leaf)
+        epoch, data_key = self._recover_key(stream)
+        state = _StreamState(tree, epoch, data_key)
+        with self._lock:
+            return self._streams.setdefault(stream, state)
+
+    def _recover_key(self, stream: str) -> tuple[int, bytes | None]:
+        """The latest data key after a restart, unwrapped with the appliance's own key."""
+        epoch, wrapped = 0, None
+        for stored in self.store.entries(stream):
+            entry = parse_entry(stored.line)
+            if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
+                epoch = int(entry.body["key_epoch"])  # type: ignore[arg-type]
+                wrapped = entry.body["recipients"]
+        if self.appliance_key is None or not isinstance(wrapped, list):
+            return epoch, None
+        mine = self.appliance_key.recipient.text()
+        for item in wrapped:
+            if isinstance(item, dict) and item.get("recipient") == mine:
+                sealed_key = base64.b64decode(str(item["sealed_key"]))
+                return epoch, self.appliance_key.unwrap(sealed_key, stream, epoch)
+        return epoch, None
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < _MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._commit(batch)
+            if stop:
+                return
+
+    def _commit(self, batch: list[_Request]) -> None:
+        trees: dict[str, merkle.CompactRange] = {}
+        keys: dict[str, tuple[int, bytes | None]] = {}
+        pending: list[PendingEntry] = []
+        wanted: dict[str, PendingCheckpoint] = {}
+        live: list[_Request] = []
+        for request in batch:
+            try:
+                self._prepare(request, trees, keys)
+            except BaseException as exc:  # a bad request must not sink the batch
+                request.future.set_exception(exc)
+                continue
+            live.append(request)
+            if request.kind:
+                pending.append(PendingEntry(request.stream, self._builder(request, keys)))
+            if request.checkpoint and request.stream not in wanted:
+                wanted[request.stream] = PendingCheckpoint(
+                    request.stream, self._checkpoint_signer(request.stream, trees)
+                )
+        roots: dict[tuple[str, int], bytes] = {}
+
+        def on_built(entry: StoredEntry) -> None:
+            tree = trees[entry.stream]
+            tree.append(entry.leaf_hash)
+            roots[(entry.stream, entry.seq)] = tree.root()
+
+        try:
+            with self._write_lock:
+                stored, signed = self.store.append(pending, list(wanted.values()), on_built)
+        except BaseException as exc:
+            for request in live:
+                request.future.set_exception(exc)
+            return
+        for stream, tree in trees.items():
+            epoch, key = keys[stream]
+            self._streams[stream] = _StreamState(tree, epoch, key)
+        notes = {cp.stream: cp for cp in signed}
+        entries = iter(stored)
+        for request in live:
+            note = notes.get(request.stream) if request.checkpoint else None
+            if not request.kind:
+                assert note is not None
+                root = trees[request.stream].root()
+                request.future.set_result(
+                    Appended(
+                        request.stream, note.size - 1, "", "", "", b"", note.size, root, note.note
+                    )
+                )
+                continue
+            entry = next(entries)
+            assert request.envelope is not None
+            request.future.set_result(
+                Appended(
+                    stream=entry.stream,
+                    seq=entry.seq,
+                    event_id=request.envelope["event_id"],
+                    kind=request.kind,
+                    occurred_at=request.envelope["occurred_at"],
+                    leaf_hash=entry.leaf_hash,
+                    tree_size=entry.seq + 1,
+                    root_hash=roots[(entry.stream, entry.seq)],
+                    checkpoint=note.note if note else None,
+                )
+            )
+
+    def _prepare(
+        self,
+        request: _Request,
+        trees: dict[str, merkle.CompactRange],
+        keys: dict[str, tuple[int, bytes | None]],
+    ) -> None:
+        if request.stream not in trees:
+            state = self._streams.get(request.stream)
+            if state is None and request.kind != "stream.opened":
+                state = self._state(request.stream)
+            if state is None:
+                trees[request.stream] = merkle.CompactRange()
+                keys[request.stream] = (0, None)
+            else:
+                trees[request.stream] = merkle.CompactRange(state.tree.size, state.tree.hashes)
+                keys[request.stream] = (state.epoch, state.data_key)
+        if request.new_key is not None:
+            keys[request.stream] = request.new_key
+        elif request.kind and request.kind not in CLEAR_KINDS and keys[request.stream][1] is None:
+            raise CannotOpen(
+                f"stream {request.stream!r}: no data key in memory; open the log with a "
+                "recipient key of the stream (the appliance key) to keep appending"
+            )
+
+    def _builder(
+        self, request: _Request, keys: dict[str, tuple[int, bytes | None]]
+    ) -> Callable[[int], tuple[bytes, bytes]]:
+        epoch, data_key = keys[request.stream]
+
+        def build(seq: int) -> tuple[bytes, bytes]:
+            envelope: dict[str, Any] = {
+                "schema_version": SCHEMA_VERSION,
+                "stream": request.stream,
+                "seq": seq,
+                "event_id": str(uuid6.uuid7()),
+                "kind": request.kind,
+                "occurred_at": utc_timestamp(),
+                "key_epoch": epoch,
+            }
+            request.envelope = envelope
+            if isinstance(request.payload, dict):
+                line, _ = entry_line(envelope, request.payload)
+            else:
+                assert data_key is not None
+                sealed = seal(data_key, request.payload, canonical_json(envelope))
+                line, _ = entry_line(envelope, base64.b64encode(sealed).decode("ascii"))
+            return line, merkle.hash_leaf(line)
+
+        return build
+
+    def _checkpoint_signer(
+        self, stream: str, trees: dict[str, merkle.CompactRange]
+    ) -> Callable[[int], bytes]:
+        def sign(size: int) -> bytes:
+            tree = trees[stream]
+            if tree.size != size:
+                raise RecordError(f"tree of {stream} has {tree.size} leaves, store has {size}")
+            cp = Checkpoint(origin_for(self.signer, stream), size, tree.root())
+            return sign_checkpoint(self.signer, cp)
+
+        return sign
+
+
+def _wrap_all(
+    recipients: Iterable[RecipientKey], data_key: bytes, stream: str, epoch: int
+) -> list[WrappedKey]:
+    return [
+        WrappedKey(recipient=r.text(), sealed_key=r.wrap(data_key, stream, epoch))
+        for r in recipients
+    ]

@@ -1,0 +1,405 @@
+"""The record's schema: the cleartext envelope, each entry kind's body, and the v1.0 record.
+
+An entry is one line of canonical JSON (RFC 8785): the *envelope* (``schema_version``,
+``stream``, ``seq``, ``event_id``, ``kind``, ``occurred_at``, ``key_epoch``) plus ``body``.
+For sealed kinds ``body`` is ``base64(nonce || ciphertext)``; the plaintext is the canonical
+JSON of the kind's body model. Key-distribution kinds (``stream.opened``, ``key.rotated``)
+carry their body in clear, since a reader needs them before anything can be opened.
+
+Every model here refuses unknown fields and wrong types, naming the field. This module
+never seals, hashes entries or touches storage.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    ValidationError,
+)
+
+from record.errors import SchemaError
+
+SCHEMA_VERSION = "1.0"
+SUPPORTED_SCHEMA_VERSIONS = frozenset({SCHEMA_VERSION})
+
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+_UUID7_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+_RFC3339_UTC_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
+_STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _b64_decode(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("expected a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not standard base64: {exc}") from None
+
+
+def _b64_encode(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+#: Raw bytes, standard base64 with padding in JSON (no line breaks).
+B64Bytes = Annotated[
+    bytes,
+    BeforeValidator(_b64_decode),
+    PlainSerializer(_b64_encode, return_type=str, when_used="json"),
+]
+
+
+def _check_pattern(pattern: re.Pattern[str], what: str) -> Any:
+    def check(value: Any) -> Any:
+        if not isinstance(value, str) or not pattern.match(value):
+            raise ValueError(f"not {what}: {value!r}")
+        return value
+
+    return BeforeValidator(check)
+
+
+Digest = Annotated[str, _check_pattern(_DIGEST_RE, "a digest of the form sha256:<64 hex>")]
+UUID7 = Annotated[str, _check_pattern(_UUID7_RE, "a lowercase UUIDv7")]
+Timestamp = Annotated[str, _check_pattern(_RFC3339_UTC_RE, "an RFC 3339 UTC time ending in Z")]
+StreamName = Annotated[str, _check_pattern(_STREAM_RE, "a stream name ([A-Za-z0-9._-], ≤128)")]
+
+
+def utc_timestamp(moment: datetime | None = None) -> str:
+    """RFC 3339 UTC with microseconds and ``Z``: the writer's one time format."""
+    moment = moment or datetime.now(UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Strict(BaseModel):
+    """Base of every boundary model: unknown fields and coercions are refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- the envelope ---------------------------------------------------------------------------
+
+
+class Envelope(Strict):
+    """The cleartext part of an entry; its canonical JSON is the AEAD associated data."""
+
+    schema_version: Literal["1.0"]
+    stream: StreamName
+    seq: int = Field(ge=0)
+    event_id: UUID7
+    kind: str
+    occurred_at: Timestamp
+    key_epoch: int = Field(ge=0)
+
+
+class Entry(Envelope):
+    """A whole stored entry: the envelope plus its body (sealed string or clear object)."""
+
+    body: str | dict[str, JsonValue]
+
+    def envelope(self) -> Envelope:
+        return Envelope.model_validate(self.model_dump(exclude={"body"}))
+
+
+# --- bodies ---------------------------------------------------------------------------------
+
+
+class Provider(Strict):
+    name: str
+    endpoint: str
+    api_version: str | None = None
+
+
+class RetrievalItem(Strict):
+    doc_id: str
+    doc_version: str
+    chunk_digest: Digest
+
+
+class WrappedKey(Strict):
+    """A stream data key sealed to one recipient with HPKE (see ``record.seal``)."""
+
+    recipient: str  # base64 of the recipient's raw X25519 public key
+    sealed_key: B64Bytes
+
+
+class StreamOpened(Strict):
+    """Opening entry (clear): who can read the stream and which key signs its checkpoints."""
+
+    kind: Literal["stream.opened"] = "stream.opened"
+    origin: str
+    log_key: str  # C2SP verifier key of the checkpoint signer
+    aead: Literal["chacha20-poly1305"] = "chacha20-poly1305"
+    hpke_suite: Literal["DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20Poly1305"] = (
+        "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20Poly1305"
+    )
+    key_epoch: int = Field(ge=0)
+    recipients: list[WrappedKey] = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class KeyRotated(Strict):
+    """A new data key from this entry on (clear), sealed to the recipients listed."""
+
+    kind: Literal["key.rotated"] = "key.rotated"
+    key_epoch: int = Field(ge=1)
+    recipients: list[WrappedKey] = Field(min_length=1)
+
+
+class ModelRequest(Strict):
+    """A model call as it left: appended *before* the first byte goes upstream."""
+
+    kind: Literal["model.request"] = "model.request"
+    content_key: Digest  # 0x00 over request_bytes
+    input_digest: Digest  # 0x02 over input_bytes
+    prompt_digest: Digest  # 0x03 over prompt_bytes
+    request_bytes: B64Bytes
+    input_bytes: B64Bytes
+    prompt_bytes: B64Bytes
+    retrieval: list[RetrievalItem] = Field(default_factory=list)
+    provider: Provider
+    model_id: str
+    params: dict[str, JsonValue]
+    pins: dict[str, JsonValue] | None = None
+    clock: str | None = None
+    turn: int | None = None
+    step: int | None = None
+
+
+class ModelResponse(Strict):
+    """The reply as received, verbatim (for a stream: every byte, framing included)."""
+
+    kind: Literal["model.response"] = "model.response"
+    request_seq: int = Field(ge=0)
+    outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
+    status: int | None = None
+    response_bytes: B64Bytes | None = None
+    response_digest: Digest | None = None  # 0x01 over response_bytes
+    error_bytes: B64Bytes | None = None
+    error_digest: Digest | None = None  # 0x09 over error_bytes
+    fingerprint: str | None = None
+    reproducibility: dict[str, JsonValue] | None = None
+
+
+class ToolCall(Strict):
+    kind: Literal["tool.call"] = "tool.call"
+    reply_seq: int = Field(ge=0)  # the committed model reply that asked for this call
+    call_id: str
+    server: str
+    tool: str
+    arguments: B64Bytes  # canonical JSON of the arguments
+    arguments_digest: Digest  # 0x04 over arguments
+    idempotent: bool
+
+
+class ToolResult(Strict):
+    kind: Literal["tool.result"] = "tool.result"
+    call_seq: int = Field(ge=0)
+    outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
+    result_bytes: B64Bytes | None = None
+    result_digest: Digest | None = None  # 0x05 over result_bytes
+    error_bytes: B64Bytes | None = None
+    error_digest: Digest | None = None  # 0x09 over error_bytes
+    replayed_from: int | None = None  # seq of the recorded result served on replay
+
+
+class FetchRequest(Strict):
+    kind: Literal["fetch.request"] = "fetch.request"
+    method: str
+    url: str
+    request_bytes: B64Bytes
+    content_key: Digest  # 0x07 over request_bytes
+
+
+class FetchResponse(Strict):
+    kind: Literal["fetch.response"] = "fetch.response"
+    request_seq: int = Field(ge=0)
+    outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
+    status: int | None = None
+    response_bytes: B64Bytes | None = None  # status line, headers and body as received
+    response_digest: Digest | None = None  # 0x08 over response_bytes
+    error_bytes: B64Bytes | None = None
+    error_digest: Digest | None = None
+
+
+class TurnStarted(Strict):
+    kind: Literal["turn.started"] = "turn.started"
+    turn: int = Field(ge=0)
+    input_bytes: B64Bytes  # the user's message exactly as received
+    input_digest: Digest  # 0x02 over input_bytes
+
+
+class TurnEnded(Strict):
+    kind: Literal["turn.ended"] = "turn.ended"
+    turn: int = Field(ge=0)
+    outcome: Literal["ANSWERED", "STEP_LIMIT", "FAILED", "STOPPED"]
+    answer_bytes: B64Bytes | None = None
+    answer_digest: Digest | None = None  # 0x01 over answer_bytes
+
+
+class PinsSet(Strict):
+    kind: Literal["pins.set"] = "pins.set"
+    pins: dict[str, JsonValue]
+    cache_mode: Literal["strict", "shared"] = "strict"
+
+
+class EvidenceArchived(Strict):
+    kind: Literal["evidence.archived"] = "evidence.archived"
+    evidence_kind: Literal["sev-snp", "tdx", "nvidia-h100"]
+    file: str  # name under the bundle's evidence/ folder
+    evidence_digest: Digest  # 0x0B over the file's bytes
+
+
+Body = (
+    StreamOpened
+    | KeyRotated
+    | ModelRequest
+    | ModelResponse
+    | ToolCall
+    | ToolResult
+    | FetchRequest
+    | FetchResponse
+    | TurnStarted
+    | TurnEnded
+    | PinsSet
+    | EvidenceArchived
+)
+
+BODY_MODELS: dict[str, type[Strict]] = {
+    model.model_fields["kind"].default: model
+    for model in (
+        StreamOpened,
+        KeyRotated,
+        ModelRequest,
+        ModelResponse,
+        ToolCall,
+        ToolResult,
+        FetchRequest,
+        FetchResponse,
+        TurnStarted,
+        TurnEnded,
+        PinsSet,
+        EvidenceArchived,
+    )
+}
+
+#: Kinds whose body is stored in clear: a reader needs them before anything can be opened.
+CLEAR_KINDS = frozenset({"stream.opened", "key.rotated"})
+
+
+def body_kind(body: Strict) -> str:
+    kind = getattr(body, "kind", None)
+    if not isinstance(kind, str) or kind not in BODY_MODELS:
+        raise ValueError(f"not an entry body: {type(body).__name__}")
+    return kind
+
+
+def parse_body(kind: str, data: dict[str, Any] | bytes) -> Strict:
+    """Validate a body of ``kind`` from its JSON object or bytes; ``SchemaError`` on failure."""
+    model = BODY_MODELS.get(kind)
+    if model is None:
+        raise SchemaError(f"unknown entry kind {kind!r}")
+    try:
+        if isinstance(data, bytes):
+            return model.model_validate_json(data, strict=False)
+        return model.model_validate(data, strict=False)
+    except ValidationError as exc:
+        raise SchemaError(describe(exc, f"{kind} body")) from None
+
+
+def parse_entry(line: bytes) -> Entry:
+    """Validate one stored line; ``SchemaError`` names the field, or the version if unknown."""
+    try:
+        entry = Entry.model_validate_json(line, strict=False)
+    except ValidationError as exc:
+        for err in exc.errors():
+            if err["loc"] and err["loc"][0] == "schema_version" and err["type"] == "literal_error":
+                raise SchemaError(
+                    f"unknown schema_version {err['input']!r}: this reader knows "
+                    f"{sorted(SUPPORTED_SCHEMA_VERSIONS)}"
+                ) from None
+        raise SchemaError(describe(exc, "entry")) from None
+    if entry.kind not in BODY_MODELS:
+        raise SchemaError(f"entry: unknown kind {entry.kind!r}")
+    if (entry.kind in CLEAR_KINDS) != isinstance(entry.body, dict):
+        raise SchemaError(f"entry: body of {entry.kind} must be {_body_shape(entry.kind)}")
+    return entry
+
+
+def _body_shape(kind: str) -> str:
+    return "a clear JSON object" if kind in CLEAR_KINDS else "a sealed base64 string"
+
+
+def describe(exc: ValidationError, what: str) -> str:
+    """One line per problem, each naming the field path, for people and logs."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{loc}: {err['msg']}")
+    return f"{what}: " + "; ".join(parts)
+
+
+# --- the v1.0 record: a projection that joins model.request with model.response -------------
+
+
+class V1Record(Strict):
+    """The Reproducible Record v1.0, every field, as the reference schema lists them."""
+
+    schema_version: Literal["1.0"]
+    event_id: UUID7
+    content_key: Digest
+    seq: int
+    occurred_at: Timestamp
+    input_digest: Digest
+    prompt_digest: Digest
+    retrieval: list[RetrievalItem]
+    provider: Provider
+    model_id: str
+    params: dict[str, JsonValue]
+    fingerprint: str | None
+    response_bytes: B64Bytes | None
+    response_digest: Digest | None
+    error_bytes: B64Bytes | None
+    outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
+
+
+def project_v1(
+    request: Envelope,
+    request_body: ModelRequest,
+    response_body: ModelResponse | None,
+) -> V1Record:
+    """Join a request entry with its response; no response means the call's fate is UNKNOWN."""
+    if response_body is not None and response_body.request_seq != request.seq:
+        raise ValueError(
+            f"response answers seq {response_body.request_seq}, not request seq {request.seq}"
+        )
+    return V1Record(
+        schema_version=request.schema_version,
+        event_id=request.event_id,
+        content_key=request_body.content_key,
+        seq=request.seq,
+        occurred_at=request.occurred_at,
+        input_digest=request_body.input_digest,
+        prompt_digest=request_body.prompt_digest,
+        retrieval=request_body.retrieval,
+        provider=request_body.provider,
+        model_id=request_body.model_id,
+        params=request_body.params,
+        fingerprint=response_body.fingerprint if response_body else None,
+        response_bytes=response_body.response_bytes if response_body else None,
+        response_digest=response_body.response_digest if response_body else None,
+        error_bytes=response_body.error_bytes if response_body else None,
+        outcome=response_body.outcome if response_body else "UNKNOWN",
+    )

@@ -1,0 +1,79 @@
+"""``affidavit log show``: a stream's entries for people, opened with a key, redacted.
+
+Bytes fields are shown as text when they are UTF-8 and as ``base64:…`` otherwise. This
+module only reads; redaction happens on the copy it prints.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from record.errors import CannotOpen, SchemaError, UnknownStream
+from record.reader import StreamKeys
+from record.redact import RedactionRules
+from record.schema import Strict, parse_entry
+from record.seal import KeyPair
+from record.sqlite_store import SQLiteStore
+
+
+def readable(body: Strict) -> dict[str, Any]:
+    """The body as JSON values, with bytes decoded for reading."""
+    out: dict[str, Any] = {}
+    for name in type(body).model_fields:
+        value = getattr(body, name)
+        if isinstance(value, bytes):
+            try:
+                out[name] = value.decode("utf-8")
+            except UnicodeDecodeError:
+                out[name] = "base64:" + base64.b64encode(value).decode("ascii")
+        elif isinstance(value, Strict):
+            out[name] = value.model_dump(mode="json")
+        elif isinstance(value, list):
+            out[name] = [v.model_dump(mode="json") if isinstance(v, Strict) else v for v in value]
+        else:
+            out[name] = value
+    return out
+
+
+def show_stream(
+    store_path: Path | str,
+    stream: str,
+    *,
+    key: KeyPair | None = None,
+    rules: RedactionRules | None = None,
+    as_json: bool = False,
+) -> Iterator[str]:
+    """Yield one printable line (or JSON object) per entry of ``stream``."""
+    rules = rules or RedactionRules()
+    store = SQLiteStore(store_path, readonly=True)
+    try:
+        entries = [parse_entry(e.line) for e in store.entries(stream)]
+        if not entries:
+            raise UnknownStream(f"store {store_path} holds no stream {stream!r}")
+        keys = StreamKeys.collect(stream, entries, key) if key is not None else None
+        for entry in entries:
+            envelope = entry.model_dump(mode="json", exclude={"body"})
+            body: dict[str, Any] | None
+            note = ""
+            if isinstance(entry.body, dict) or keys is not None:
+                try:
+                    opened = keys.open(entry) if keys is not None else None
+                    body = readable(opened) if opened is not None else dict(entry.body)  # type: ignore[arg-type]
+                    body = rules.apply(entry.kind, body)
+                except (CannotOpen, SchemaError) as exc:
+                    body, note = None, f"cannot open: {exc}"
+            else:
+                body, note = None, f"sealed, {len(entry.body)} base64 characters"
+            if as_json:
+                yield json.dumps({"envelope": envelope, "body": body, "note": note or None})
+            else:
+                head = f"{entry.seq:>6} {entry.occurred_at} {entry.kind}"
+                yield head + (
+                    f"  ({note})" if note else "  " + json.dumps(body, ensure_ascii=False)
+                )
+    finally:
+        store.close()

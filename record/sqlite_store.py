@@ -1,0 +1,247 @@
+"""The embedded default store: one SQLite file, WAL, every commit fsynced.
+
+Durability: ``journal_mode=WAL`` and ``synchronous=FULL`` on the writer's connection, so a
+commit returns only after the WAL is fsynced; ``seq`` is read and the row inserted in one
+``BEGIN IMMEDIATE`` transaction. Readers use their own connections and, under WAL, never
+block the writer. Triggers refuse any UPDATE or DELETE, so the file is append-only unless
+someone edits it by hand (which ``record.audit`` then catches).
+
+One writer per store: the connection is used from one thread at a time (``record.log``
+runs all appends on its writer thread and groups concurrent appenders into one commit).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from record.errors import StoreMissing
+from record.store import (
+    LogStore,
+    PendingCheckpoint,
+    PendingEntry,
+    StoredCheckpoint,
+    StoredEntry,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    stream    TEXT    NOT NULL,
+    seq       INTEGER NOT NULL,
+    line      BLOB    NOT NULL,
+    leaf_hash BLOB    NOT NULL,
+    PRIMARY KEY (stream, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+    id     INTEGER PRIMARY KEY,
+    stream TEXT    NOT NULL,
+    size   INTEGER NOT NULL,
+    note   BLOB    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evidence (
+    stream TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    data   BLOB NOT NULL,
+    PRIMARY KEY (stream, name)
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
+    BEGIN SELECT RAISE(ABORT, 'the record is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
+    BEGIN SELECT RAISE(ABORT, 'the record is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_update BEFORE UPDATE ON checkpoints
+    BEGIN SELECT RAISE(ABORT, 'the record is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
+    BEGIN SELECT RAISE(ABORT, 'the record is append-only'); END;
+"""
+
+#: What the writer's connection must have in force (a test asserts each one).
+DURABILITY_PRAGMAS = {"journal_mode": "wal", "synchronous": 2}  # 2 = FULL
+
+
+class SQLiteStore(LogStore):
+    """A store in one SQLite file. ``readonly=True`` opens an existing file for audit."""
+
+    def __init__(self, path: Path | str, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly and not self.path.is_file():
+            raise StoreMissing(f"store {self.path} does not exist")
+        self._local = threading.local()
+        self._writer: sqlite3.Connection | None = None
+        if not readonly:
+            self._writer = self._connect(readonly=False)
+            self._writer.executescript(_SCHEMA)
+
+    # -- connections ---------------------------------------------------------------------------
+
+    def _connect(self, *, readonly: bool) -> sqlite3.Connection:
+        if readonly:
+            uri = f"file:{self.path}?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+        else:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA fullfsync=ON")  # macOS: F_FULLFSYNC; a no-op elsewhere
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect(readonly=True)
+            self._local.conn = conn
+        return conn
+
+    def writer_pragmas(self) -> dict[str, object]:
+        """The durability settings in force on the writer's connection."""
+        assert self._writer is not None, "store is read-only"
+        return {
+            name: self._writer.execute(f"PRAGMA {name}").fetchone()[0]
+            for name in DURABILITY_PRAGMAS
+        }
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(
+        self,
+        entries: Sequence[PendingEntry],
+        checkpoints: Sequence[PendingCheckpoint] = (),
+        on_built: Callable[[StoredEntry], None] | None = None,
+    ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
+        conn = self._writer
+        if conn is None:
+            raise PermissionError(f"store {self.path} was opened read-only")
+        next_seq: dict[str, int] = {}
+        stored: list[StoredEntry] = []
+        signed: list[StoredCheckpoint] = []
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for pending in entries:
+                seq = next_seq.get(pending.stream)
+                if seq is None:
+                    seq = self._size(conn, pending.stream)
+                line, leaf = pending.build(seq)
+                conn.execute(
+                    "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (?, ?, ?, ?)",
+                    (pending.stream, seq, line, leaf),
+                )
+                next_seq[pending.stream] = seq + 1
+                entry = StoredEntry(pending.stream, seq, line, leaf)
+                stored.append(entry)
+                if on_built is not None:
+                    on_built(entry)
+            for cp in checkpoints:
+                size = next_seq.get(cp.stream)
+                if size is None:
+                    size = self._size(conn, cp.stream)
+                note = cp.sign(size)
+                conn.execute(
+                    "INSERT INTO checkpoints (stream, size, note) VALUES (?, ?, ?)",
+                    (cp.stream, size, note),
+                )
+                signed.append(StoredCheckpoint(cp.stream, size, note))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return stored, signed
+
+    @staticmethod
+    def _size(conn: sqlite3.Connection, stream: str) -> int:
+        row = conn.execute(
+            "SELECT COALESCE(MAX(seq) + 1, 0) FROM entries WHERE stream = ?", (stream,)
+        ).fetchone()
+        return int(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        conn = self._writer
+        if conn is None:
+            raise PermissionError(f"store {self.path} was opened read-only")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            if row is None:
+                conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+            elif row[0] != value:
+                raise ValueError(f"store {self.path}: {key} is already {row[0]!r}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def archive_evidence(self, stream: str, name: str, data: bytes) -> None:
+        conn = self._writer
+        if conn is None:
+            raise PermissionError(f"store {self.path} was opened read-only")
+        if "/" in name or name.startswith(".") or not name:
+            raise ValueError(f"evidence name {name!r} must be a plain file name")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "INSERT INTO evidence (stream, name, data) VALUES (?, ?, ?)", (stream, name, data)
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def entries(
+        self, stream: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[StoredEntry]:
+        stop = -1 if stop is None else stop
+        cur = self._reader().execute(
+            "SELECT seq, line, leaf_hash FROM entries WHERE stream = ? AND seq >= ?"
+            " AND (? < 0 OR seq < ?) ORDER BY seq",
+            (stream, start, stop, stop),
+        )
+        for seq, line, leaf in cur:
+            yield StoredEntry(stream, seq, bytes(line), bytes(leaf))
+
+    def streams(self) -> list[str]:
+        rows = self._reader().execute("SELECT DISTINCT stream FROM entries ORDER BY stream")
+        return [r[0] for r in rows]
+
+    def size(self, stream: str) -> int:
+        return self._size(self._reader(), stream)
+
+    def leaf_hashes(self, stream: str, stop: int | None = None) -> list[bytes]:
+        stop = -1 if stop is None else stop
+        rows = self._reader().execute(
+            "SELECT leaf_hash FROM entries WHERE stream = ? AND (? < 0 OR seq < ?) ORDER BY seq",
+            (stream, stop, stop),
+        )
+        return [bytes(r[0]) for r in rows]
+
+    def checkpoints(self, stream: str) -> list[StoredCheckpoint]:
+        rows = self._reader().execute(
+            "SELECT size, note FROM checkpoints WHERE stream = ? ORDER BY id", (stream,)
+        )
+        return [StoredCheckpoint(stream, int(size), bytes(note)) for size, note in rows]
+
+    def evidence(self, stream: str) -> list[tuple[str, bytes]]:
+        rows = self._reader().execute(
+            "SELECT name, data FROM evidence WHERE stream = ? ORDER BY name", (stream,)
+        )
+        return [(str(name), bytes(data)) for name, data in rows]
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._reader().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None

@@ -1,0 +1,101 @@
+"""The log store contract: what any backend (SQLite now, PostgreSQL next) must guarantee.
+
+- ``append`` runs one transaction for a whole batch: for each pending entry it reads the
+  stream's next ``seq`` (0, 1, 2 … with no gap) *inside* that transaction, asks the entry to
+  build its bytes for that ``seq``, and inserts them. Either every entry of the batch is
+  durable when it returns, or none is written.
+- Nothing is ever updated or deleted.
+- Readers never block the writer.
+
+This module holds only the contract and its plain data types; it never touches a database.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    stream: str
+    seq: int
+    line: bytes  # the entry's exact stored bytes (canonical JSON, no trailing newline)
+    leaf_hash: bytes  # RFC 9162 leaf hash of ``line``
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    stream: str
+    size: int
+    note: bytes  # the complete signed note
+
+
+@dataclass
+class PendingEntry:
+    """An entry waiting for its ``seq``: ``build(seq)`` returns ``(line, leaf_hash)``."""
+
+    stream: str
+    build: Callable[[int], tuple[bytes, bytes]]
+
+
+@dataclass
+class PendingCheckpoint:
+    """A checkpoint to sign once the batch's entries are in: ``sign(size)`` gives the note."""
+
+    stream: str
+    sign: Callable[[int], bytes]
+
+
+class LogStore(ABC):
+    """A durable, append-only home for entries and checkpoints."""
+
+    @abstractmethod
+    def append(
+        self,
+        entries: Sequence[PendingEntry],
+        checkpoints: Sequence[PendingCheckpoint] = (),
+        on_built: Callable[[StoredEntry], None] | None = None,
+    ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
+        """Write ``entries`` then ``checkpoints`` in one durable transaction.
+
+        ``on_built`` sees each entry as it is built, so checkpoint signers can cover it.
+        """
+
+    @abstractmethod
+    def entries(
+        self, stream: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[StoredEntry]:
+        """Entries of ``stream`` in ``seq`` order, from ``start`` up to (not incl.) ``stop``."""
+
+    @abstractmethod
+    def streams(self) -> list[str]: ...
+
+    @abstractmethod
+    def size(self, stream: str) -> int:
+        """How many entries ``stream`` holds (its next ``seq``)."""
+
+    @abstractmethod
+    def leaf_hashes(self, stream: str, stop: int | None = None) -> list[bytes]: ...
+
+    @abstractmethod
+    def checkpoints(self, stream: str) -> list[StoredCheckpoint]:
+        """Checkpoints of ``stream`` in the order they were written."""
+
+    @abstractmethod
+    def archive_evidence(self, stream: str, name: str, data: bytes) -> None:
+        """Keep an attestation evidence file for the stream's bundle (write once)."""
+
+    @abstractmethod
+    def evidence(self, stream: str) -> list[tuple[str, bytes]]: ...
+
+    @abstractmethod
+    def get_meta(self, key: str) -> str | None: ...
+
+    @abstractmethod
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a store-wide value once; an existing different value is refused."""
+
+    @abstractmethod
+    def close(self) -> None: ...
