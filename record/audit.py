@@ -323,11 +323,9 @@ def verify_store(
         report = Report()
         streams = store.streams()
         routed = _route_kept(kept, streams)
+        name = Path(path).name
         for stream in streams:
-            rows = [
-                Row(e.line, e.seq, e.leaf_hash, f"{Path(path).name}:{stream}/{e.seq}")
-                for e in store.entries(stream)
-            ]
+            rows = [Row(e.line, e.seq, e.leaf_hash, name) for e in store.entries(stream)]
             notes = [
                 (f"checkpoint #{i} (size {c.size})", c.note)
                 for i, c in enumerate(store.checkpoints(stream))

@@ -475,6 +475,15 @@ class Verifier:
         return timestamp
 
 
+def _fsync_dir(folder: Path) -> None:
+    """Make a new directory entry durable (POSIX needs the directory fsynced too)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class _KeyPair:
     """An Ed25519 private key with its note key name; the signature type is per subclass."""
 
@@ -528,19 +537,25 @@ class _KeyPair:
         may access is refused: anyone who can read it can sign as us.
         """
         path = Path(path)
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        except FileExistsError:
+        if path.exists():
             return cls._load(path, name)
+        # Write a temporary file, fsync it, then link it into place: a crash at any point
+        # leaves either no key file or a whole one, never an empty file that blocks restart.
         signer = cls.generate(name)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
             with os.fdopen(fd, "w", encoding="ascii") as handle:
                 handle.write(signer.skey() + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-        except BaseException:
-            path.unlink(missing_ok=True)  # no half-written key left for the next start
-            raise
+            try:
+                os.link(tmp, path)
+            except FileExistsError:  # another process created it first: use theirs
+                return cls._load(path, name)
+            _fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
         return signer
 
     @classmethod

@@ -306,9 +306,10 @@ class Log:
         pending: list[PendingEntry] = []
         wanted: dict[str, PendingCheckpoint] = {}
         live: list[_Request] = []
+        opened: set[str] = set()
         for request in batch:
             try:
-                self._prepare(request, trees, keys)
+                self._prepare(request, trees, keys, opened)
             except BaseException as exc:  # a bad request must not sink the batch
                 request.future.set_exception(exc)
                 continue
@@ -370,6 +371,7 @@ class Log:
         request: _Request,
         trees: dict[str, merkle.CompactRange],
         keys: dict[str, tuple[int, bytes | None]],
+        opened: set[str],
     ) -> None:
         if request.stream not in trees:
             state = self._streams.get(request.stream)
@@ -381,6 +383,14 @@ class Log:
             else:
                 trees[request.stream] = merkle.CompactRange(state.tree.size, state.tree.hashes)
                 keys[request.stream] = (state.epoch, state.data_key)
+        if request.kind == "stream.opened" and (
+            trees[request.stream].size
+            or request.stream in self._streams
+            or request.stream in opened
+        ):
+            raise ValueError(f"stream {request.stream!r} already exists")
+        if request.kind == "stream.opened":
+            opened.add(request.stream)
         if request.new_key is not None:
             keys[request.stream] = request.new_key
         elif request.kind and request.kind not in CLEAR_KINDS and keys[request.stream][1] is None:

@@ -73,6 +73,8 @@ class SQLiteStore(LogStore):
         if readonly and not self.path.is_file():
             raise StoreMissing(f"store {self.path} does not exist")
         self._local = threading.local()
+        self._readers: list[sqlite3.Connection] = []  # every thread's, so close() ends them all
+        self._readers_lock = threading.Lock()
         self._writer: sqlite3.Connection | None = None
         if not readonly:
             self._writer = self._connect(readonly=False)
@@ -97,6 +99,8 @@ class SQLiteStore(LogStore):
         if conn is None:
             conn = self._connect(readonly=True)
             self._local.conn = conn
+            with self._readers_lock:
+                self._readers.append(conn)
         return conn
 
     def writer_pragmas(self) -> dict[str, object]:
@@ -238,10 +242,12 @@ class SQLiteStore(LogStore):
         return None if row is None else str(row[0])
 
     def close(self) -> None:
+        """Close the writer and every reader connection, whichever thread opened it."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for conn in readers:
             conn.close()
-            self._local.conn = None
+        self._local = threading.local()
