@@ -7,9 +7,11 @@ APT_PACKAGES := strace
 
 .PHONY: demo test lint typecheck unit bench fuzz system-deps clean
 
+# The test and demo environment: the base package plus the engine and dev extras, with the
+# CPU build of torch pinned by constraints.txt (anything newer pulls a multi-GB CUDA build).
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[engine,dev]'
 	touch $@
 
 demo: $(BIN)/.installed

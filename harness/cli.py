@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from inference import cli as engine_cli
 from record import cli as record_cli
 
 
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workdir", help="where to write the demo's store and keys")
     demo.set_defaults(func=cmd_demo)
     record_cli.add_commands(sub)
+    # The CLI is the one place that assembles every part's commands; each part's `cli`
+    # module imports nothing heavy until its command runs (no torch for `log verify`).
+    engine_cli.add_commands(sub)
     return parser
 
 

@@ -9,6 +9,8 @@ recipient key it also opens every body and recomputes every digest against its b
 Problem codes (stable; ``docs/record.md`` lists them):
 
 ==========================  ========================================================
+``malformed_store``         the store file is not a readable record store
+``malformed_bundle``        a bundle file is missing, cut short or malformed
 ``malformed_entry``         a stored line is not a valid entry (names the field)
 ``stream_mismatch``         an entry names another stream than the one holding it
 ``leaf_mismatch``           a stored leaf hash is not the hash of the stored line
@@ -30,17 +32,34 @@ This module never writes and never reads the clock.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from record import merkle
-from record.checkpoint import Checkpoint, CheckpointError, Verifier, open_checkpoint
+from record.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    Verifier,
+    log_origin,
+    open_checkpoint,
+)
 from record.errors import CannotOpen, SchemaError
 from record.reader import StreamKeys, digest_mismatches
-from record.schema import Entry, StreamOpened, parse_body, parse_entry
+from record.schema import (
+    CLEAR_KINDS,
+    Entry,
+    EntryHead,
+    KeyRotated,
+    StreamOpened,
+    parse_body,
+    parse_entry,
+    parse_head,
+)
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
 
@@ -121,79 +140,161 @@ class _Problems:
 
 def audit_stream(
     stream: str,
-    rows: Sequence[Row],
+    rows: Iterable[Row],
     checkpoints: Sequence[tuple[str, bytes]],
     log_key: str | None,
     *,
     key: KeyPair | None = None,
     kept: Sequence[tuple[str, bytes]] = (),
 ) -> list[Problem]:
-    """Every problem of one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs."""
+    """Every problem of one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs.
+
+    One streaming pass over ``rows``: only leaf hashes and ``seq`` numbers are kept, so
+    memory grows with the number of entries, not their bytes (bodies are kept only when a
+    key asks for them to be opened).
+    """
     out = _Problems(stream)
-    leaves, entries = _check_entries(stream, rows, out)
-    _check_seq(entries, out)
-    opened = next((e for e in entries if e.kind == "stream.opened"), None)
-    origin = None
-    if opened is not None and isinstance(opened.body, dict):
-        try:
-            opened_body = parse_body(opened.kind, opened.body)
-            assert isinstance(opened_body, StreamOpened)
-            origin = opened_body.origin
-            if log_key is not None and opened_body.log_key != log_key:
-                out.add(
-                    "checkpoint_invalid",
-                    opened.seq,
-                    f"the stream names log key {opened_body.log_key}, the log has {log_key}",
-                )
-        except SchemaError as exc:
-            out.add("malformed_entry", opened.seq, str(exc))
+    scan = _scan_entries(stream, rows, out, keep_bodies=key is not None)
+    origin = _expected_origin(stream, log_key)
+    _check_opening(scan, log_key, origin, out)
     signed = _check_signatures(checkpoints, kept, log_key, origin, out)
-    _check_tree(leaves, signed, out)
+    _check_tree(scan.leaves, signed, out)
     if key is not None:
-        _check_bodies(stream, entries, key, out)
+        _check_bodies(stream, scan.kept, key, out)
     return out.finish()
 
 
-def _check_entries(
-    stream: str, rows: Sequence[Row], out: _Problems
-) -> tuple[list[bytes], list[Entry]]:
-    leaves: list[bytes] = []
-    entries: list[Entry] = []
-    for row in rows:
-        leaf = merkle.hash_leaf(row.line)
-        leaves.append(leaf)
-        if row.leaf_hash is not None and row.leaf_hash != leaf:
-            out.add("leaf_mismatch", row.seq, f"{row.where}: stored leaf hash is not the line's")
-        try:
-            entry = parse_entry(row.line)
-        except SchemaError as exc:
-            out.add("malformed_entry", row.seq, f"{row.where}: {exc}")
-            continue
-        if entry.stream != stream:
-            out.add("stream_mismatch", entry.seq, f"{row.where}: entry names {entry.stream!r}")
-        if row.seq is not None and row.seq != entry.seq:
-            out.add(
-                "seq_order",
-                entry.seq,
-                f"{row.where}: stored at seq {row.seq}, entry says {entry.seq}",
-            )
-        entries.append(entry)
-    return leaves, entries
+@dataclass
+class _Scan:
+    leaves: list[bytes] = field(default_factory=list)
+    clear: list[Entry] = field(default_factory=list)  # stream.opened / key.rotated, in order
+    kept: list[Entry] = field(default_factory=list)  # every entry, when bodies will be opened
+    first_kind: str | None = None
+    count: int = 0
 
 
-def _check_seq(entries: Iterable[Entry], out: _Problems) -> None:
+_CHUNK = 256
+
+
+def _leaf_hashes(lines: list[bytes]) -> list[bytes]:
+    return [merkle.hash_leaf(line) for line in lines]
+
+
+def _scan_entries(stream: str, rows: Iterable[Row], out: _Problems, *, keep_bodies: bool) -> _Scan:
+    """Parse and hash every row once. Hashing runs on a second thread while this one parses:
+    ``hashlib`` releases the GIL on large inputs, so an audit uses two cores."""
+    scan = _Scan()
     seen: set[int] = set()
     highest = -1
-    for entry in entries:
-        if entry.seq in seen:
-            out.add("seq_duplicate", entry.seq, f"seq {entry.seq} appears more than once")
-        elif entry.seq < highest:
-            out.add("seq_order", entry.seq, f"seq {entry.seq} is stored after seq {highest}")
-        seen.add(entry.seq)
-        highest = max(highest, entry.seq)
+    rows = iter(rows)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-hash") as hasher:
+        while chunk := list(itertools.islice(rows, _CHUNK)):
+            leaves = hasher.submit(_leaf_hashes, [row.line for row in chunk])
+            heads = [_parse_row(row, out, scan, keep_bodies) for row in chunk]
+            for row, leaf in zip(chunk, leaves.result(), strict=True):
+                scan.leaves.append(leaf)
+                if row.leaf_hash is not None and row.leaf_hash != leaf:
+                    out.add(
+                        "leaf_mismatch",
+                        row.seq,
+                        f"{_where(row)}: stored leaf hash is not the line's",
+                    )
+            for row, head in zip(chunk, heads, strict=True):
+                if head is None:
+                    continue
+                if head.stream != stream:
+                    out.add(
+                        "stream_mismatch", head.seq, f"{_where(row)}: entry names {head.stream!r}"
+                    )
+                if row.seq is not None and row.seq != head.seq:
+                    out.add("seq_order", head.seq, f"{_where(row)}: the entry says seq {head.seq}")
+                if head.seq in seen:
+                    out.add(
+                        "seq_duplicate", head.seq, f"{_where(row)}: seq {head.seq} appears again"
+                    )
+                elif head.seq < highest:
+                    out.add("seq_order", head.seq, f"{_where(row)}: seq {head.seq} after {highest}")
+                seen.add(head.seq)
+                highest = max(highest, head.seq)
     for missing in range(highest + 1):
         if missing not in seen:
             out.add("seq_gap", missing, f"seq {missing} is missing")
+    return scan
+
+
+def _where(row: Row) -> str:
+    return row.where if row.seq is None else f"{row.where} seq {row.seq}"
+
+
+def _parse_row(row: Row, out: _Problems, scan: _Scan, keep_bodies: bool) -> EntryHead | None:
+    scan.count += 1
+    try:
+        head = parse_head(row.line)
+        if keep_bodies or head.kind in CLEAR_KINDS:
+            entry = parse_entry(row.line)
+            if head.kind in CLEAR_KINDS:
+                scan.clear.append(entry)
+            if keep_bodies:
+                scan.kept.append(entry)
+    except SchemaError as exc:
+        out.add("malformed_entry", row.seq, f"{_where(row)}: {exc}")
+        return None
+    if scan.count == 1:
+        scan.first_kind = head.kind
+    return head
+
+
+def _expected_origin(stream: str, log_key: str | None) -> str | None:
+    """Derived from the log key and the stream name, never from the (checkable) log itself."""
+    if log_key is None:
+        return None
+    try:
+        verifier = Verifier.from_vkey(log_key)
+    except CheckpointError:
+        return None  # reported by the signature check
+    return log_origin(verifier.name, verifier.key_id, stream)
+
+
+def _check_opening(scan: _Scan, log_key: str | None, origin: str | None, out: _Problems) -> None:
+    """The stream opens with ``stream.opened`` naming our origin; key epochs count up by one."""
+    seen_opened = False
+    if scan.first_kind is not None and scan.first_kind != "stream.opened":
+        out.add(
+            "malformed_entry", 0, f"the stream starts with {scan.first_kind}, not stream.opened"
+        )
+    epoch = -1
+    for entry in scan.clear:
+        try:
+            body = parse_body(entry.kind, entry.body if isinstance(entry.body, dict) else {})
+        except SchemaError as exc:
+            out.add("malformed_entry", entry.seq, str(exc))
+            continue
+        assert isinstance(body, StreamOpened | KeyRotated)
+        if body.key_epoch != entry.key_epoch or body.key_epoch != epoch + 1:
+            out.add(
+                "malformed_entry",
+                entry.seq,
+                f"{entry.kind} brings key epoch {body.key_epoch} (envelope {entry.key_epoch}); "
+                f"expected {epoch + 1}",
+            )
+        epoch = max(epoch, body.key_epoch)
+        if isinstance(body, StreamOpened):
+            if seen_opened:
+                out.add("malformed_entry", entry.seq, "a second stream.opened")
+                continue
+            seen_opened = True
+            if log_key is not None and body.log_key != log_key:
+                out.add(
+                    "checkpoint_invalid",
+                    entry.seq,
+                    f"the stream names log key {body.log_key}, the log has {log_key}",
+                )
+            elif origin is not None and body.origin != origin:
+                out.add(
+                    "malformed_entry",
+                    entry.seq,
+                    f"stream.opened names origin {body.origin!r}; the log key's is {origin!r}",
+                )
 
 
 def _check_signatures(
@@ -325,12 +426,13 @@ def verify_store(
         routed = _route_kept(kept, streams)
         name = Path(path).name
         for stream in streams:
-            rows = [Row(e.line, e.seq, e.leaf_hash, name) for e in store.entries(stream)]
+            count = store.size(stream)
+            rows = (Row(e.line, e.seq, e.leaf_hash, name) for e in store.entries(stream))
             notes = [
                 (f"checkpoint #{i} (size {c.size})", c.note)
                 for i, c in enumerate(store.checkpoints(stream))
             ]
-            report.entries += len(rows)
+            report.entries += count
             report.streams.append(stream)
             report.problems += audit_stream(
                 stream, rows, notes, log_key, key=key, kept=routed.get(stream, [])

@@ -739,3 +739,12 @@ def open_checkpoint(
     """
     opened = open_note(data, verifiers, now=now)
     return parse_checkpoint(opened.note.text), opened
+
+
+def log_origin(key_name: str, key_id: bytes, stream: str) -> str:
+    """The checkpoint origin of one stream of our log: ``<key name>/<key id hex>/<stream>``.
+
+    Unique per log key and per stream, so a checkpoint of one stream can never pass for
+    another's, and an auditor derives it from the log key alone.
+    """
+    return f"{key_name}/{key_id.hex()}/{stream}"

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from record.audit import Report, verify_store
+from record.audit import Problem, Report, verify_store
 from record.bundle import export_stream, verify_bundle
 from record.errors import RecordError, StoreMissing
 from record.redact import RedactionRules
@@ -65,7 +66,11 @@ def cmd_log_verify(args: argparse.Namespace) -> int:
     if path.is_dir():
         report = verify_bundle(path, key=key, kept=kept, log_key=args.log_key)
     elif path.is_file():
-        report = verify_store(path, key=key, kept=kept, log_key=args.log_key)
+        try:
+            report = verify_store(path, key=key, kept=kept, log_key=args.log_key)
+        except sqlite3.DatabaseError as exc:
+            detail = f"{path} is not a readable record store: {exc}"
+            report = Report(problems=[Problem("malformed_store", "?", None, detail)])
     else:
         raise StoreMissing(f"{path} is neither a store file nor a bundle directory")
     _print_report(report, path, args.json)
@@ -205,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
     except RecordError as exc:
         print(f"affidavit: {exc.diagnostics()}", file=sys.stderr)
         return exc.exit_code
+    except sqlite3.DatabaseError as exc:
+        where = getattr(args, "path", None) or getattr(args, "store", None) or "the store"
+        print(f"affidavit: {where} is not a readable record store: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
     except json.JSONDecodeError as exc:
         print(f"affidavit: error: {exc}", file=sys.stderr)
         return EXIT_PROBLEM

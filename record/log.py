@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import uuid6
+from pydantic import TypeAdapter
 
 from record import merkle
-from record.checkpoint import Checkpoint, Signer, sign_checkpoint
+from record.checkpoint import Checkpoint, Signer, log_origin, sign_checkpoint
 from record.digest import Domain, canonical_json, digest
 from record.errors import CannotOpen, RecordError, UnknownStream
 from record.schema import (
@@ -35,10 +36,12 @@ from record.schema import (
     SCHEMA_VERSION,
     EvidenceArchived,
     KeyRotated,
+    StreamName,
     StreamOpened,
     Strict,
     WrappedKey,
     body_kind,
+    envelope_json,
     parse_entry,
     utc_timestamp,
 )
@@ -47,12 +50,13 @@ from record.sqlite_store import SQLiteStore
 from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint, StoredEntry
 
 LOG_KEY_NAME = "affidavit-log"
+_STREAM_NAME: TypeAdapter[str] = TypeAdapter(StreamName)
 _MAX_BATCH = 256
 
 
 def origin_for(signer: Signer, stream: str) -> str:
     """One checkpoint origin per stream, unique to the log key that signs it."""
-    return f"{signer.name}/{signer.key_id.hex()}/{stream}"
+    return log_origin(signer.name, signer.key_id, stream)
 
 
 def entry_line(envelope: dict[str, Any], body: str | dict[str, Any]) -> tuple[bytes, bytes]:
@@ -61,8 +65,12 @@ def entry_line(envelope: dict[str, Any], body: str | dict[str, Any]) -> tuple[by
     JCS sorts members by name and ``body`` sorts before every envelope member, so the line is
     ``{"body":<body>,`` followed by the envelope's own canonical bytes after its ``{``.
     """
-    ad = canonical_json(envelope)
-    return b'{"body":' + canonical_json(body) + b"," + ad[1:], ad
+    ad = envelope_json(envelope)
+    return _splice(canonical_json(body), ad), ad
+
+
+def _splice(body_json: bytes, ad: bytes) -> bytes:
+    return b'{"body":' + body_json + b"," + ad[1:]
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,7 @@ class Log:
         """Append the stream's opening entry, sealing a fresh data key to every recipient."""
         if not recipients:
             raise ValueError("a stream needs at least one recipient key")
+        _STREAM_NAME.validate_python(stream)
         if self.store.size(stream):
             raise ValueError(f"stream {stream!r} already exists")
         data_key = new_data_key()
@@ -415,12 +424,14 @@ class Log:
                 "key_epoch": epoch,
             }
             request.envelope = envelope
+            ad = envelope_json(envelope)
             if isinstance(request.payload, dict):
-                line, _ = entry_line(envelope, request.payload)
+                line = _splice(canonical_json(request.payload), ad)
             else:
                 assert data_key is not None
-                sealed = seal(data_key, request.payload, canonical_json(envelope))
-                line, _ = entry_line(envelope, base64.b64encode(sealed).decode("ascii"))
+                # base64 needs no JSON escaping: the sealed string is quoted as it is.
+                sealed = base64.b64encode(seal(data_key, request.payload, ad))
+                line = _splice(b'"' + sealed + b'"', ad)
             return line, merkle.hash_leaf(line)
 
         return build

@@ -12,7 +12,7 @@ import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from record.digest import Domain, canonical_json, digest
+from record.digest import Domain, digest
 from record.errors import CannotOpen, SchemaError
 from record.schema import (
     CLEAR_KINDS,
@@ -28,6 +28,7 @@ from record.schema import (
     ToolResult,
     TurnEnded,
     TurnStarted,
+    envelope_json,
     parse_body,
 )
 from record.seal import KeyPair, open_sealed
@@ -35,7 +36,7 @@ from record.seal import KeyPair, open_sealed
 
 def associated_data(entry: Entry) -> bytes:
     """The AEAD associated data of an entry: the canonical JSON of its envelope."""
-    return canonical_json(entry.model_dump(mode="json", exclude={"body"}))
+    return envelope_json(entry)
 
 
 @dataclass

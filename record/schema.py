@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -28,15 +30,19 @@ from pydantic import (
     ValidationError,
 )
 
+from record.digest import canonical_json
 from record.errors import SchemaError
 
 SCHEMA_VERSION = "1.0"
 SUPPORTED_SCHEMA_VERSIONS = frozenset({SCHEMA_VERSION})
 
-_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-_UUID7_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
-_RFC3339_UTC_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
-_STREAM_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Whole-string, ASCII-only patterns (``fullmatch``; ``[0-9]`` since ``\\d`` admits other digits).
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_UUID7_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+_RFC3339_UTC_RE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z"
+)
+_STREAM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def _b64_decode(value: Any) -> bytes:
@@ -64,7 +70,7 @@ B64Bytes = Annotated[
 
 def _check_pattern(pattern: re.Pattern[str], what: str) -> Any:
     def check(value: Any) -> Any:
-        if not isinstance(value, str) or not pattern.match(value):
+        if not isinstance(value, str) or not pattern.fullmatch(value):
             raise ValueError(f"not {what}: {value!r}")
         return value
 
@@ -313,16 +319,110 @@ def parse_body(kind: str, data: dict[str, Any] | bytes) -> Strict:
         raise SchemaError(f"unknown entry kind {kind!r}")
     try:
         if isinstance(data, bytes):
-            return model.model_validate_json(data, strict=False)
-        return model.model_validate(data, strict=False)
+            return model.model_validate_json(data, strict=True)
+        return model.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SchemaError(describe(exc, f"{kind} body")) from None
 
 
-def parse_entry(line: bytes) -> Entry:
-    """Validate one stored line; ``SchemaError`` names the field, or the version if unknown."""
+def envelope_json(envelope: Envelope | dict[str, Any]) -> bytes:
+    """The RFC 8785 bytes of an envelope: the AEAD associated data, and the line's tail.
+
+    Every envelope value is an integer or a string held by the patterns above (or a known
+    kind) to characters JSON never escapes, and the members are written in JCS order, so
+    this equals ``canonical_json`` of the envelope (a test holds them equal) at a fraction
+    of the cost. Callers pass only validated envelopes or the writer's own values.
+    """
+    e = envelope if isinstance(envelope, dict) else dict(envelope)
+    return (
+        f'{{"event_id":"{e["event_id"]}","key_epoch":{int(e["key_epoch"])},'
+        f'"kind":"{e["kind"]}","occurred_at":"{e["occurred_at"]}",'
+        f'"schema_version":"{e["schema_version"]}","seq":{int(e["seq"])},'
+        f'"stream":"{e["stream"]}"}}'
+    ).encode("ascii")
+
+
+_SEALED_HEAD = b'{"body":"'
+_BASE64_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHead:
+    """An entry's envelope and the shape of its body: all an integrity audit needs."""
+
+    schema_version: str
+    stream: str
+    seq: int
+    event_id: str
+    kind: str
+    occurred_at: str
+    key_epoch: int
+    sealed: bool
+
+
+_ENVELOPE_KEYS = frozenset(Envelope.model_fields)
+
+
+def _sealed_head(line: bytes) -> tuple[EntryHead, bytes] | None:
+    """The fast path for a sealed line as the writer makes it, or None to take the full one.
+
+    It accepts only what the full path accepts: a canonical ``{"body":"<base64>",...}`` whose
+    envelope has exactly the envelope's members, of the right types and patterns. The body
+    is never run through the JSON parser.
+    """
+    if not line.startswith(_SEALED_HEAD):
+        return None
+    end = line.find(b'"', len(_SEALED_HEAD))
+    body = line[len(_SEALED_HEAD) : end]
+    if end < 0 or line[end + 1 : end + 2] != b"," or body.translate(None, _BASE64_ALPHABET):
+        return None
     try:
-        entry = Entry.model_validate_json(line, strict=False)
+        e = json.loads(b"{" + line[end + 2 :])
+    except ValueError:
+        return None
+    if not (
+        isinstance(e, dict)
+        and e.keys() == _ENVELOPE_KEYS
+        and e["schema_version"] == SCHEMA_VERSION
+        and e["kind"] in BODY_MODELS
+        and e["kind"] not in CLEAR_KINDS
+        and type(e["seq"]) is int
+        and type(e["key_epoch"]) is int
+        and e["seq"] >= 0
+        and e["key_epoch"] >= 0
+        and isinstance(e["stream"], str)
+        and isinstance(e["event_id"], str)
+        and isinstance(e["occurred_at"], str)
+        and _STREAM_RE.fullmatch(e["stream"])
+        and _UUID7_RE.fullmatch(e["event_id"])
+        and _RFC3339_UTC_RE.fullmatch(e["occurred_at"])
+        and line[end + 1 :] == b"," + envelope_json(e)[1:]
+    ):
+        return None
+    return EntryHead(sealed=True, **e), body
+
+
+def parse_head(line: bytes) -> EntryHead:
+    """Validate one stored line like :func:`parse_entry`, keeping only its envelope."""
+    fast = _sealed_head(line)
+    if fast is not None:
+        return fast[0]
+    entry = parse_entry(line)
+    return EntryHead(sealed=isinstance(entry.body, str), **dict(entry.envelope()))
+
+
+def parse_entry(line: bytes) -> Entry:
+    """Validate one stored line; ``SchemaError`` names the field, or the version if unknown.
+
+    Lines must be canonical (RFC 8785), so every reader sees the same members.
+    """
+    fast = _sealed_head(line)
+    if fast is not None:
+        head, body = fast
+        fields = {name: getattr(head, name) for name in _ENVELOPE_KEYS}
+        return Entry.model_construct(**fields, body=body.decode("ascii"))
+    try:
+        entry = Entry.model_validate_json(line, strict=True)
     except ValidationError as exc:
         for err in exc.errors():
             if err["loc"] and err["loc"][0] == "schema_version" and err["type"] == "literal_error":
@@ -335,7 +435,17 @@ def parse_entry(line: bytes) -> Entry:
         raise SchemaError(f"entry: unknown kind {entry.kind!r}")
     if (entry.kind in CLEAR_KINDS) != isinstance(entry.body, dict):
         raise SchemaError(f"entry: body of {entry.kind} must be {_body_shape(entry.kind)}")
+    if isinstance(entry.body, str) and (
+        not entry.body.isascii() or entry.body.encode().translate(None, _BASE64_ALPHABET)
+    ):
+        raise SchemaError(f"entry seq {entry.seq}: body: a sealed body must be base64")
+    value = entry.body if isinstance(entry.body, str) else entry.model_dump(mode="json")["body"]
+    if line != b'{"body":' + canonical_json(value) + b"," + envelope_json(entry)[1:]:
+        raise SchemaError(f"entry seq {entry.seq}: {_NOT_CANONICAL}")
     return entry
+
+
+_NOT_CANONICAL = "not in canonical form (RFC 8785): every reader must see the same members"
 
 
 def _body_shape(kind: str) -> str:

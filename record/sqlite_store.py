@@ -92,6 +92,8 @@ class SQLiteStore(LogStore):
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("PRAGMA fullfsync=ON")  # macOS: F_FULLFSYNC; a no-op elsewhere
         conn.execute("PRAGMA busy_timeout=10000")
+        if readonly:
+            conn.execute("PRAGMA mmap_size=268435456")  # audits read every byte: map, don't copy
         return conn
 
     def _reader(self) -> sqlite3.Connection:
@@ -211,7 +213,10 @@ class SQLiteStore(LogStore):
             yield StoredEntry(stream, seq, bytes(line), bytes(leaf))
 
     def streams(self) -> list[str]:
-        rows = self._reader().execute("SELECT DISTINCT stream FROM entries ORDER BY stream")
+        # A stream whose entries were all deleted still has its checkpoints: list it too.
+        rows = self._reader().execute(
+            "SELECT stream FROM entries UNION SELECT stream FROM checkpoints ORDER BY stream"
+        )
         return [r[0] for r in rows]
 
     def size(self, stream: str) -> int:
@@ -242,12 +247,16 @@ class SQLiteStore(LogStore):
         return None if row is None else str(row[0])
 
     def close(self) -> None:
-        """Close the writer and every reader connection, whichever thread opened it."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Close every reader connection, whichever thread opened it, and then the writer.
+
+        The writer goes last: the last connection to close folds the WAL back into the main
+        file, and only a writable one can, so a closed store is one self-contained file.
+        """
         with self._readers_lock:
             readers, self._readers = self._readers, []
         for conn in readers:
             conn.close()
         self._local = threading.local()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

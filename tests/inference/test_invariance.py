@@ -1,0 +1,221 @@
+"""Batch invariance: a sequence's logits are the same bits alone or in any batch.
+
+- the start-up self-test passes through some path and says which;
+- the linear kernels: a row through :func:`invariant_linear` (and the per-row path) is
+  bit-identical alone and in batches of odd sizes, wherever it sits, and equals stock
+  ``F.linear`` numerically; so are our SiLU and RMSNorm, at widths where a vector loop's
+  scalar tail would round torch's ``F.silu``/``rsqrt`` differently;
+- a decode step of the shipped tiny model alone equals the same step batched with 1, 7
+  and 31 other sequences of other lengths (``torch.equal``, 12 probes per batch size), and
+  a short generation alone equals the same generation inside a changing batch;
+- prefill in pieces through the KV cache (prefix, then the rest; several cut points; or a
+  prefill then a decode of the last token) equals a one-shot prefill, bit for bit, and so
+  does a cloned-and-truncated cache (the prefix-cache operations).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the engine needs torch (the `engine` extra)")
+
+import torch.nn.functional as F  # noqa: E402
+
+from inference.cache import SequenceCache  # noqa: E402
+from inference.invariant import (  # noqa: E402
+    PATHS,
+    invariant_linear,
+    linear_for,
+    per_row_linear,
+    self_test,
+)
+from inference.model import DecoderModel, rms_norm, silu  # noqa: E402
+
+BATCH_SIZES = (2, 8, 32)
+PROBES = 12
+
+
+def test_self_test_passes_and_reports_its_path() -> None:
+    report = self_test()
+    assert report.passed, report
+    assert report.path in PATHS
+    chosen = [c for c in report.checks if c.path == report.path]
+    assert chosen and all(c.passed for c in chosen)
+    assert any(c.name == "decode step" for c in chosen)
+    data = report.to_dict()
+    assert json.loads(json.dumps(data)) == data
+    assert set(data) >= {"path", "passed", "checks", "mkl_cbwr", "torch_version", "num_threads"}
+    print(f"self-test picked {report.path!r}; MKL_CBWR={report.mkl_cbwr!r}")
+
+
+def test_self_test_on_a_model_leaves_it_on_the_chosen_path(tiny_model: DecoderModel) -> None:
+    report = self_test(tiny_model, batch_sizes=(3, 16), decode_batch_sizes=(3,))
+    assert report.passed
+    assert tiny_model.linear_path == report.path
+    assert {c.name for c in report.checks} >= {"linear q_proj", "linear lm_head", "decode step"}
+    tiny_model.linear_path = "fixed-chunk-8"
+
+
+@pytest.mark.parametrize("linear", [invariant_linear, per_row_linear])
+def test_linear_rows_do_not_depend_on_the_batch(linear: object) -> None:
+    assert callable(linear)
+    generator = torch.Generator().manual_seed(5)
+    for width, out in ((64, 96), (72, 40), (256, 768)):
+        weight = torch.randn((out, width), generator=generator)
+        bias = torch.randn((out,), generator=generator)
+        row = torch.randn((1, width), generator=generator)
+        alone = linear(row, weight, bias)[0]
+        torch.testing.assert_close(alone, F.linear(row, weight, bias)[0])
+        for batch in (1, 5, 8, 9, 17, 64):
+            for position in {0, batch // 3, batch - 1}:
+                rows = torch.randn((batch, width), generator=generator)
+                rows[position] = row[0]
+                assert torch.equal(linear(rows, weight, bias)[position], alone), (batch, position)
+
+
+def test_linear_for_rejects_unknown_paths() -> None:
+    assert linear_for("fixed-chunk-8") is invariant_linear
+    with pytest.raises(ValueError, match="unknown linear path"):
+        linear_for("fast")  # type: ignore[arg-type]
+
+
+def _prompt(rng: random.Random, vocab: int, length: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+def _pool(model: DecoderModel, rng: random.Random, count: int) -> list[SequenceCache]:
+    caches = []
+    for _ in range(count):
+        cache = model.new_cache()
+        model.prefill(cache, _prompt(rng, model.config.vocab_size, rng.randint(1, 40)))
+        caches.append(cache)
+    return caches
+
+
+@pytest.mark.parametrize("batch", BATCH_SIZES)
+def test_decode_alone_equals_decode_batched(tiny_model: DecoderModel, batch: int) -> None:
+    rng = random.Random(batch)
+    vocab = tiny_model.config.vocab_size
+    pool = _pool(tiny_model, rng, PROBES + batch)
+    for probe in range(PROBES):
+        target = pool[probe]
+        token = rng.randrange(vocab)
+        alone = tiny_model.decode([target.clone()], [token])[0]
+        others = rng.sample([c for c in pool if c is not target], batch - 1)
+        position = rng.randrange(batch)
+        caches = [c.clone() for c in others]
+        caches.insert(position, target.clone())
+        tokens = [rng.randrange(vocab) for _ in range(batch)]
+        tokens[position] = token
+        batched = tiny_model.decode(caches, tokens)
+        assert torch.equal(batched[position], alone), (batch, probe, position)
+
+
+def test_generation_alone_equals_generation_in_a_changing_batch(tiny_model: DecoderModel) -> None:
+    rng = random.Random(11)
+    vocab = tiny_model.config.vocab_size
+    prompt = _prompt(rng, vocab, 17)
+
+    alone_cache = tiny_model.new_cache()
+    logits = tiny_model.prefill(alone_cache, prompt)
+    alone = [logits]
+    for _ in range(8):
+        alone.append(tiny_model.decode([alone_cache], [int(alone[-1].argmax())])[0])
+
+    cache = tiny_model.new_cache()
+    batched = [tiny_model.prefill(cache, prompt)]
+    others = _pool(tiny_model, rng, 8)
+    for step in range(8):
+        company = others[: (step * 3) % 8]
+        caches = [*company[: len(company) // 2], cache, *company[len(company) // 2 :]]
+        tokens = [rng.randrange(vocab) for _ in caches]
+        tokens[len(company) // 2] = int(batched[-1].argmax())
+        batched.append(tiny_model.decode(caches, tokens)[len(company) // 2])
+    assert all(torch.equal(a, b) for a, b in zip(alone, batched, strict=True))
+
+
+def test_prefill_in_pieces_equals_one_shot(tiny_model: DecoderModel) -> None:
+    rng = random.Random(3)
+    prompt = _prompt(rng, tiny_model.config.vocab_size, 90)
+    whole = tiny_model.prefill(tiny_model.new_cache(), prompt)
+    for cut in (1, 8, 13, 64, 89):
+        cache = tiny_model.new_cache()
+        tiny_model.prefill(cache, prompt[:cut])
+        assert torch.equal(tiny_model.prefill(cache, prompt[cut:]), whole), cut
+    cache = tiny_model.new_cache()
+    for start in range(0, len(prompt), 16):
+        last = tiny_model.prefill(cache, prompt[start : start + 16])
+    assert torch.equal(last, whole)
+    cache = tiny_model.new_cache()
+    tiny_model.prefill(cache, prompt[:-1])
+    assert torch.equal(tiny_model.decode([cache], [prompt[-1]])[0], whole)
+
+
+def test_prefill_all_rows_equal_prefill_of_each_prefix(tiny_model: DecoderModel) -> None:
+    rng = random.Random(4)
+    prompt = _prompt(rng, tiny_model.config.vocab_size, 20)
+    every = tiny_model.prefill_all(tiny_model.new_cache(), prompt)
+    for end in (1, 7, 20):
+        assert torch.equal(every[end - 1], tiny_model.prefill(tiny_model.new_cache(), prompt[:end]))
+
+
+def test_cloned_and_truncated_cache_resumes_exactly(tiny_model: DecoderModel) -> None:
+    rng = random.Random(6)
+    vocab = tiny_model.config.vocab_size
+    prefix, first, second = (_prompt(rng, vocab, n) for n in (30, 12, 9))
+    cache = tiny_model.new_cache()
+    tiny_model.prefill(cache, prefix)
+    kept = cache.clone()
+    tiny_model.prefill(cache, first)
+    cache.truncate(len(prefix))
+    from_truncated = tiny_model.prefill(cache, second)
+    from_clone = tiny_model.prefill(kept, second)
+    one_shot = tiny_model.prefill(tiny_model.new_cache(), prefix + second)
+    assert torch.equal(from_truncated, one_shot)
+    assert torch.equal(from_clone, one_shot)
+    assert cache.length == kept.length == len(prefix) + len(second)
+    with pytest.raises(ValueError, match="truncate"):
+        cache.truncate(cache.length + 1)
+
+
+def test_cache_growth_does_not_change_results(tiny_model: DecoderModel) -> None:
+    rng = random.Random(8)
+    prompt = _prompt(rng, tiny_model.config.vocab_size, 300)  # crosses a 256-position block
+    whole = tiny_model.prefill(tiny_model.new_cache(), prompt)
+    cache = tiny_model.new_cache()
+    tiny_model.prefill(cache, prompt[:250])
+    assert cache.capacity == 256
+    assert torch.equal(tiny_model.prefill(cache, prompt[250:]), whole)
+    assert cache.capacity == 512
+
+
+def test_decode_refuses_a_cache_twice(tiny_model: DecoderModel) -> None:
+    cache = tiny_model.new_cache()
+    tiny_model.prefill(cache, [1, 2, 3])
+    with pytest.raises(ValueError, match="twice"):
+        tiny_model.decode([cache, cache], [4, 5])
+    assert cache.length == 3
+
+
+def test_elementwise_ops_do_not_depend_on_the_batch() -> None:
+    # Widths that are not a multiple of the vector loop put some elements in its scalar tail,
+    # where torch's own F.silu / rsqrt round differently on some CPUs; ours must not care.
+    generator = torch.Generator().manual_seed(9)
+    for width in (100, 64, 4864):
+        weight = torch.rand((width,), generator=generator) + 0.5
+        row = torch.randn((1, width), generator=generator) * 4
+        for batch in (3, 7, 16):
+            rows = torch.randn((batch, width), generator=generator) * 4
+            rows[batch - 1] = row[0]
+            assert torch.equal(silu(rows)[batch - 1], silu(row)[0])
+            assert torch.equal(
+                rms_norm(rows, weight, 1e-6)[batch - 1], rms_norm(row, weight, 1e-6)[0]
+            )
+        torch.testing.assert_close(silu(row), F.silu(row))
+        torch.testing.assert_close(
+            rms_norm(row, weight, 1e-6),
+            weight * (row * torch.rsqrt(row.pow(2).mean(-1, keepdim=True) + 1e-6)),
+        )

@@ -1,0 +1,902 @@
+"""A bundle verifier and body decrypter written only from ``docs/record.md``.
+
+It stands for "someone in another language": it imports nothing from ``record`` (nor
+pydantic, nor ``rfc8785``), only the standard library and ``cryptography``'s primitives
+(ChaCha20-Poly1305, X25519, Ed25519). HPKE (RFC 9180) is spelled out from the document's
+§7.3 on top of those primitives, the canonical JSON of §3 is written out here, and every
+section reference below is to the document. ``test_format_doc.py`` runs it over real bundles.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature, InvalidTag
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+# --- §1 notation, §3 canonical JSON --------------------------------------------------------------
+
+
+class Bad(Exception):
+    """A value that is not what the document allows; the message names it."""
+
+
+def b64(text: Any, what: str) -> bytes:
+    """Standard base64 with padding, canonical encoding only (§1)."""
+    if not isinstance(text, str):
+        raise Bad(f"{what} is not a base64 string")
+    try:
+        raw = binascii.a2b_base64(text.encode("ascii"), strict_mode=True)
+    except (UnicodeEncodeError, binascii.Error):
+        raise Bad(f"{what} is not standard base64") from None
+    if base64.b64encode(raw).decode("ascii") != text:
+        raise Bad(f"{what} is not canonical base64")
+    return raw
+
+
+_JCS_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f"}
+_JCS_ESCAPES["\r"] = "\\r"
+
+
+def _jcs_string(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in _JCS_ESCAPES:
+            out.append(_JCS_ESCAPES[ch])
+        elif ord(ch) < 0x20:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def jcs(value: Any) -> bytes:
+    """RFC 8785 for the values the record canonicalises outside sealed plaintexts (§3).
+
+    Strings, integers within ±(2^53 - 1), booleans, null, arrays and objects; a non-integer
+    number is refused (it never occurs in an envelope or a clear body).
+    """
+    return _jcs(value).encode("utf-8")
+
+
+def _jcs(value: Any) -> str:
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        if abs(value) > 2**53 - 1:
+            raise Bad(f"integer {value} is outside ±(2^53 - 1)")
+        return str(value)
+    if isinstance(value, str):
+        return _jcs_string(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_jcs(v) for v in value) + "]"
+    if isinstance(value, dict):
+        names = sorted(value, key=lambda name: name.encode("utf-16-be"))  # §3 rule 2
+        return "{" + ",".join(_jcs_string(k) + ":" + _jcs(value[k]) for k in names) + "}"
+    raise Bad(f"{type(value).__name__} has no canonical form here")
+
+
+def parse_json(data: bytes, what: str) -> Any:
+    """Strict JSON: UTF-8, no duplicate member, no NaN/Infinity."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise Bad(f"{what}: member {k!r} appears twice")
+            out[k] = v
+        return out
+
+    def constant(name: str) -> Any:
+        raise Bad(f"{what}: {name} is not JSON")
+
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, Bad):
+            raise
+        raise Bad(f"{what}: not JSON ({exc})") from None
+
+
+# --- §4 envelope, §5 bodies: a closed schema --------------------------------------------------
+
+Check = Callable[[Any, str], None]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def t_int(minimum: int | None = None) -> Check:
+    def check(v: Any, where: str) -> None:
+        if not _is_int(v) or (minimum is not None and v < minimum):
+            raise Bad(f"{where} is not an integer" + (f" >= {minimum}" if minimum else ""))
+
+    return check
+
+
+def t_str(v: Any, where: str) -> None:
+    if not isinstance(v, str):
+        raise Bad(f"{where} is not a string")
+
+
+def t_bool(v: Any, where: str) -> None:
+    if not isinstance(v, bool):
+        raise Bad(f"{where} is not a boolean")
+
+
+def t_bytes(v: Any, where: str) -> None:
+    b64(v, where)
+
+
+def t_object(v: Any, where: str) -> None:
+    if not isinstance(v, dict):
+        raise Bad(f"{where} is not an object")
+
+
+def t_pattern(pattern: str, what: str) -> Check:
+    rx = re.compile(pattern)
+
+    def check(v: Any, where: str) -> None:
+        if not isinstance(v, str) or rx.fullmatch(v) is None:
+            raise Bad(f"{where} is not {what}")
+
+    return check
+
+
+def t_enum(*allowed: str) -> Check:
+    def check(v: Any, where: str) -> None:
+        if v not in allowed or not isinstance(v, str):
+            raise Bad(f"{where} is not one of {allowed}")
+
+    return check
+
+
+def t_null_or(inner: Check) -> Check:
+    def check(v: Any, where: str) -> None:
+        if v is not None:
+            inner(v, where)
+
+    return check
+
+
+def t_list(inner: Check, min_length: int = 0) -> Check:
+    def check(v: Any, where: str) -> None:
+        if not isinstance(v, list) or len(v) < min_length:
+            raise Bad(f"{where} is not an array of at least {min_length}")
+        for i, item in enumerate(v):
+            inner(item, f"{where}[{i}]")
+
+    return check
+
+
+def t_map_of_str(v: Any, where: str) -> None:
+    t_object(v, where)
+    for k, item in v.items():
+        t_str(item, f"{where}.{k}")
+
+
+def t_value(v: Any, where: str) -> None:
+    pass
+
+
+def t_record(members: dict[str, Check], nullable: frozenset[str] = frozenset()) -> Check:
+    """An object with exactly ``members``; the ``nullable`` ones may also be left out (§5.2)."""
+
+    def check(v: Any, where: str) -> None:
+        if not isinstance(v, dict):
+            raise Bad(f"{where} is not an object")
+        extra = set(v) - set(members)
+        if extra:
+            raise Bad(f"{where}: unknown member(s) {sorted(extra)}")
+        for name, inner in members.items():
+            if name not in v:
+                if name in nullable:
+                    continue
+                raise Bad(f"{where}.{name} is missing")
+            inner(v[name], f"{where}.{name}")
+
+    return check
+
+
+DIGEST = t_pattern(r"sha256:[0-9a-f]{64}", "a digest sha256:<64 lowercase hex>")
+STREAM = t_pattern(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", "a stream name")
+UUID7 = t_pattern(
+    r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", "a lowercase UUIDv7"
+)
+TIMESTAMP = t_pattern(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z", "RFC 3339 UTC"
+)
+OUTCOME = t_enum("COMMITTED", "FAILED", "UNKNOWN")
+CLEAR_KINDS = ("stream.opened", "key.rotated")
+HPKE_SUITE = "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20Poly1305"
+
+_WRAPPED = t_record({"recipient": t_str, "sealed_key": t_bytes})
+_RETRIEVAL = t_record({"doc_id": t_str, "doc_version": t_str, "chunk_digest": DIGEST})
+_PROVIDER = t_record(
+    {"name": t_str, "endpoint": t_str, "api_version": t_null_or(t_str)},
+    nullable=frozenset({"api_version"}),
+)
+
+
+def _body(members: dict[str, Check]) -> tuple[dict[str, Check], frozenset[str]]:
+    nullable = frozenset(name for name, check in members.items() if check in _NULLABLE)
+    return members, nullable
+
+
+_NULLABLE: set[Check] = set()
+
+
+def _opt(inner: Check) -> Check:
+    check = t_null_or(inner)
+    _NULLABLE.add(check)
+    return check
+
+
+#: §5.3 and §5.4, member by member ("kind" is added to each).
+BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
+    "stream.opened": _body(
+        {
+            "origin": t_str,
+            "log_key": t_str,
+            "aead": t_enum("chacha20-poly1305"),
+            "hpke_suite": t_enum(HPKE_SUITE),
+            "key_epoch": t_int(0),
+            "recipients": t_list(_WRAPPED, 1),
+            "labels": t_map_of_str,
+        }
+    ),
+    "key.rotated": _body({"key_epoch": t_int(1), "recipients": t_list(_WRAPPED, 1)}),
+    "model.request": _body(
+        {
+            "content_key": DIGEST,
+            "input_digest": DIGEST,
+            "prompt_digest": DIGEST,
+            "request_bytes": t_bytes,
+            "input_bytes": t_bytes,
+            "prompt_bytes": t_bytes,
+            "retrieval": t_list(_RETRIEVAL),
+            "provider": _PROVIDER,
+            "model_id": t_str,
+            "params": t_object,
+            "pins": _opt(t_object),
+            "clock": _opt(t_str),
+            "turn": _opt(t_int()),
+            "step": _opt(t_int()),
+        }
+    ),
+    "model.response": _body(
+        {
+            "request_seq": t_int(0),
+            "outcome": OUTCOME,
+            "status": _opt(t_int()),
+            "response_bytes": _opt(t_bytes),
+            "response_digest": _opt(DIGEST),
+            "error_bytes": _opt(t_bytes),
+            "error_digest": _opt(DIGEST),
+            "fingerprint": _opt(t_str),
+            "reproducibility": _opt(t_object),
+        }
+    ),
+    "tool.call": _body(
+        {
+            "reply_seq": t_int(0),
+            "call_id": t_str,
+            "server": t_str,
+            "tool": t_str,
+            "arguments": t_bytes,
+            "arguments_digest": DIGEST,
+            "idempotent": t_bool,
+        }
+    ),
+    "tool.result": _body(
+        {
+            "call_seq": t_int(0),
+            "outcome": OUTCOME,
+            "result_bytes": _opt(t_bytes),
+            "result_digest": _opt(DIGEST),
+            "error_bytes": _opt(t_bytes),
+            "error_digest": _opt(DIGEST),
+            "replayed_from": _opt(t_int()),
+        }
+    ),
+    "fetch.request": _body(
+        {"method": t_str, "url": t_str, "request_bytes": t_bytes, "content_key": DIGEST}
+    ),
+    "fetch.response": _body(
+        {
+            "request_seq": t_int(0),
+            "outcome": OUTCOME,
+            "status": _opt(t_int()),
+            "response_bytes": _opt(t_bytes),
+            "response_digest": _opt(DIGEST),
+            "error_bytes": _opt(t_bytes),
+            "error_digest": _opt(DIGEST),
+        }
+    ),
+    "turn.started": _body({"turn": t_int(0), "input_bytes": t_bytes, "input_digest": DIGEST}),
+    "turn.ended": _body(
+        {
+            "turn": t_int(0),
+            "outcome": t_enum("ANSWERED", "STEP_LIMIT", "FAILED", "STOPPED"),
+            "answer_bytes": _opt(t_bytes),
+            "answer_digest": _opt(DIGEST),
+        }
+    ),
+    "pins.set": _body({"pins": t_object, "cache_mode": t_enum("strict", "shared")}),
+    "evidence.archived": _body(
+        {
+            "evidence_kind": t_enum("sev-snp", "tdx", "nvidia-h100"),
+            "file": t_str,
+            "evidence_digest": DIGEST,
+        }
+    ),
+}
+
+ENVELOPE: dict[str, Check] = {
+    "schema_version": t_enum("1.0"),
+    "stream": STREAM,
+    "seq": t_int(0),
+    "event_id": UUID7,
+    "kind": t_enum(*BODY_SCHEMAS),
+    "occurred_at": TIMESTAMP,
+    "key_epoch": t_int(0),
+}
+
+
+def check_body(kind: str, body: Any, where: str) -> None:
+    """§5.2: an object whose ``kind`` is the envelope's, with exactly its kind's members."""
+    members, nullable = BODY_SCHEMAS[kind]
+    t_record({"kind": t_enum(kind), **members}, nullable)(body, where)
+
+
+def parse_line(line: bytes) -> tuple[dict[str, Any], Any]:
+    """§4.4: ``(envelope, body)`` of one stored line, canonical form checked."""
+    entry = parse_json(line, "line")
+    if not isinstance(entry, dict):
+        raise Bad("line is not a JSON object")
+    if "schema_version" in entry and entry["schema_version"] != "1.0":
+        raise Bad(f"unknown schema_version {entry['schema_version']!r}")
+    t_record({**ENVELOPE, "body": t_value})(entry, "entry")
+    envelope = {k: v for k, v in entry.items() if k != "body"}
+    body = entry["body"]
+    if (envelope["kind"] in CLEAR_KINDS) != isinstance(body, dict):
+        raise Bad(f"body of {envelope['kind']} has the wrong shape")
+    if not isinstance(body, dict | str):
+        raise Bad("body is neither an object nor a string")
+    if line != b'{"body":' + jcs(body) + b"," + jcs(envelope)[1:]:  # §4.2
+        raise Bad("line is not in canonical form")
+    return envelope, body
+
+
+# --- §6 digests ---------------------------------------------------------------------------------
+
+DOMAIN = {
+    "REQUEST": 0x00,
+    "RESPONSE": 0x01,
+    "INPUT": 0x02,
+    "PROMPT": 0x03,
+    "TOOL_ARGUMENTS": 0x04,
+    "TOOL_RESULT": 0x05,
+    "FETCH_REQUEST": 0x07,
+    "FETCH_RESPONSE": 0x08,
+    "ERROR": 0x09,
+    "EVIDENCE": 0x0B,
+}
+
+#: kind -> (bytes member, digest member, domain), from the table of §6.
+DIGEST_PAIRS: dict[str, list[tuple[str, str, int]]] = {
+    "model.request": [
+        ("request_bytes", "content_key", DOMAIN["REQUEST"]),
+        ("input_bytes", "input_digest", DOMAIN["INPUT"]),
+        ("prompt_bytes", "prompt_digest", DOMAIN["PROMPT"]),
+    ],
+    "model.response": [
+        ("response_bytes", "response_digest", DOMAIN["RESPONSE"]),
+        ("error_bytes", "error_digest", DOMAIN["ERROR"]),
+    ],
+    "tool.call": [("arguments", "arguments_digest", DOMAIN["TOOL_ARGUMENTS"])],
+    "tool.result": [
+        ("result_bytes", "result_digest", DOMAIN["TOOL_RESULT"]),
+        ("error_bytes", "error_digest", DOMAIN["ERROR"]),
+    ],
+    "fetch.request": [("request_bytes", "content_key", DOMAIN["FETCH_REQUEST"])],
+    "fetch.response": [
+        ("response_bytes", "response_digest", DOMAIN["FETCH_RESPONSE"]),
+        ("error_bytes", "error_digest", DOMAIN["ERROR"]),
+    ],
+    "turn.started": [("input_bytes", "input_digest", DOMAIN["INPUT"])],
+    "turn.ended": [("answer_bytes", "answer_digest", DOMAIN["RESPONSE"])],
+}
+
+
+def digest(domain: int, data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(bytes([domain]) + data).hexdigest()
+
+
+# --- §7 sealing ---------------------------------------------------------------------------------
+
+
+def _labeled_extract(suite: bytes, salt: bytes, label: bytes, ikm: bytes) -> bytes:
+    return hmac.new(salt, b"HPKE-v1" + suite + label + ikm, hashlib.sha256).digest()
+
+
+def _labeled_expand(suite: bytes, prk: bytes, label: bytes, info: bytes, length: int) -> bytes:
+    labeled_info = length.to_bytes(2, "big") + b"HPKE-v1" + suite + label + info
+    okm, t, i = b"", b"", 1  # HKDF-Expand (RFC 5869 §2.3)
+    while len(okm) < length:
+        t = hmac.new(prk, t + labeled_info + bytes([i]), hashlib.sha256).digest()
+        okm += t
+        i += 1
+    return okm[:length]
+
+
+def wrap_info(stream: str, epoch: int) -> bytes:
+    return b"affidavit/data-key/v1" + b"\x00" + stream.encode() + b"\x00" + str(epoch).encode()
+
+
+def hpke_open(private: bytes, sealed_key: bytes, info: bytes) -> bytes:
+    """§7.3: RFC 9180 base-mode single-shot Open, DHKEM(X25519)/HKDF-SHA256/ChaCha20Poly1305."""
+    if len(sealed_key) != 80:
+        raise Bad("wrapped data key is not 80 bytes")
+    kem_suite = b"KEM\x00\x20"
+    hpke_suite = b"HPKE\x00\x20\x00\x01\x00\x03"
+    enc, ct = sealed_key[:32], sealed_key[32:]
+    sk = X25519PrivateKey.from_private_bytes(private)
+    try:
+        dh = sk.exchange(X25519PublicKey.from_public_bytes(enc))
+    except ValueError:
+        raise Bad("wrapped data key does not open") from None
+    pk_r = sk.public_key().public_bytes_raw()
+    eae_prk = _labeled_extract(kem_suite, b"", b"eae_prk", dh)
+    shared_secret = _labeled_expand(kem_suite, eae_prk, b"shared_secret", enc + pk_r, 32)
+    psk_id_hash = _labeled_extract(hpke_suite, b"", b"psk_id_hash", b"")
+    info_hash = _labeled_extract(hpke_suite, b"", b"info_hash", info)
+    context = b"\x00" + psk_id_hash + info_hash
+    secret = _labeled_extract(hpke_suite, shared_secret, b"secret", b"")
+    key = _labeled_expand(hpke_suite, secret, b"key", context, 32)
+    base_nonce = _labeled_expand(hpke_suite, secret, b"base_nonce", context, 12)
+    try:
+        return ChaCha20Poly1305(key).decrypt(base_nonce, ct, b"")
+    except InvalidTag:
+        raise Bad("wrapped data key does not open") from None
+
+
+def open_body(data_key: bytes, body: str, ad: bytes) -> bytes:
+    """§7.2: base64(nonce || ct || tag) under the data key, the envelope as AD."""
+    sealed = b64(body, "sealed body")
+    if len(sealed) < 28:
+        raise Bad("sealed body is shorter than nonce and tag")
+    try:
+        return ChaCha20Poly1305(data_key).decrypt(sealed[:12], sealed[12:], ad)
+    except InvalidTag:
+        raise Bad("body does not open") from None
+
+
+_PKCS8_X25519_PREFIX = bytes.fromhex("302e020100300506032b656e04220420")
+
+
+def private_key_from_pem(pem: bytes) -> bytes:
+    """§8: the 32-byte X25519 key inside an unencrypted PKCS#8 PEM."""
+    text = pem.decode("ascii")
+    m = re.search(r"-----BEGIN PRIVATE KEY-----(.*?)-----END PRIVATE KEY-----", text, re.S)
+    if m is None:
+        raise Bad("not a PEM private key")
+    der = base64.b64decode("".join(m[1].split()), validate=True)
+    if len(der) != 48 or not der.startswith(_PKCS8_X25519_PREFIX):
+        raise Bad("not an X25519 PKCS#8 key")
+    return der[16:]
+
+
+def public_text(private: bytes) -> str:
+    pk = X25519PrivateKey.from_private_bytes(private).public_key().public_bytes_raw()
+    return base64.b64encode(pk).decode("ascii")
+
+
+# --- §9 Merkle tree -----------------------------------------------------------------------------
+
+
+def leaf_hash(line: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + line).digest()
+
+
+def mth(leaves: Sequence[bytes]) -> bytes:
+    """§9, the iterative form: pair from the left, an unpaired last hash moves up unchanged."""
+    if not leaves:
+        return hashlib.sha256(b"").digest()
+    level = list(leaves)
+    while len(level) > 1:
+        nxt = [
+            hashlib.sha256(b"\x01" + level[i] + level[i + 1]).digest()
+            for i in range(0, len(level) - 1, 2)
+        ]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        level = nxt
+    return level[0]
+
+
+# --- §10 checkpoints ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VKey:
+    name: str
+    key_id: bytes
+    public_key: bytes
+
+
+def key_id(name: str, public_key: bytes) -> bytes:
+    return hashlib.sha256(name.encode() + b"\n" + b"\x01" + public_key).digest()[:4]
+
+
+def parse_vkey(text: str) -> VKey:
+    parts = text.split("+", 2)  # the base64 key may itself contain "+"
+    if len(parts) != 3 or not parts[0] or re.fullmatch(r"[0-9a-f]{8}", parts[1]) is None:
+        raise Bad("vkey is not <name>+<hex key id>+<base64 key>")
+    name, hex_id, key_b64 = parts
+    if any(ch.isspace() for ch in name):
+        raise Bad("vkey name has a space")
+    raw = b64(key_b64, "vkey key")
+    if len(raw) != 33 or raw[0] != 0x01:
+        raise Bad("vkey is not an Ed25519 (type 0x01) key")
+    if key_id(name, raw[1:]) != bytes.fromhex(hex_id):
+        raise Bad("vkey key id does not match its key")
+    return VKey(name, bytes.fromhex(hex_id), raw[1:])
+
+
+@dataclass(frozen=True)
+class CheckpointText:
+    origin: str
+    size: int
+    root: bytes
+
+
+def open_note(note: bytes, vkey: VKey) -> CheckpointText:
+    """§10.2 then §10.1: signatures by the trusted key first, then the checkpoint text."""
+    try:
+        msg = note.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Bad("note is not UTF-8") from None
+    if any(ord(ch) < 0x20 and ch != "\n" for ch in msg):
+        raise Bad("note has a control character")
+    if not msg.endswith("\n"):
+        raise Bad("note does not end in a newline")
+    split = msg.rfind("\n\n")
+    if split < 0:
+        raise Bad("note has no blank line")
+    text, sig_lines = msg[: split + 1], msg[split + 2 :].split("\n")[:-1]
+    if not 1 <= len(sig_lines) <= 100:
+        raise Bad("note has no signature lines, or too many")
+    mine = 0
+    for line in sig_lines:
+        if not line.startswith("\u2014 "):
+            raise Bad("signature line does not start with an em dash and a space")
+        name, _, sig_b64 = line[2:].partition(" ")
+        raw = b64(sig_b64, "signature")
+        if len(raw) < 5:
+            raise Bad("signature is too short")
+        if name != vkey.name or raw[:4] != vkey.key_id:
+            continue  # another key's signature: ignored
+        mine += 1
+        if mine > 1:
+            raise Bad("two signatures from the log key")
+        if len(raw) != 4 + 64:
+            raise Bad("log key signature is not 64 bytes")
+        try:
+            Ed25519PublicKey.from_public_bytes(vkey.public_key).verify(raw[4:], text.encode())
+        except InvalidSignature:
+            raise Bad("log key signature does not verify") from None
+    if not mine:
+        raise Bad("no signature from the log key")
+    lines = text[:-1].split("\n")
+    if len(lines) < 3 or not lines[0] or any(not extra for extra in lines[3:]):
+        raise Bad("checkpoint text is not origin, size, root [, extensions]")
+    origin, size_line, root_line = lines[:3]
+    if re.fullmatch(r"0|[1-9][0-9]*", size_line) is None or int(size_line) >= 2**64:
+        raise Bad("checkpoint size is not a decimal uint64")
+    root = b64(root_line, "root hash")
+    if len(root) != 32:
+        raise Bad("root hash is not 32 bytes")
+    return CheckpointText(origin, int(size_line), root)
+
+
+# --- §12 and §13: the procedures ----------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    stream: str = "?"
+    problems: list[tuple[str, int | None, str]] = field(default_factory=list)
+    envelopes: list[dict[str, Any]] = field(default_factory=list)
+    bodies: dict[int, dict[str, Any]] = field(default_factory=dict)  # clear and opened
+    plaintexts: dict[int, bytes] = field(default_factory=dict)  # sealed entries' JCS
+    data_keys: dict[int, bytes] = field(default_factory=dict)
+    checkpoints: list[CheckpointText] = field(default_factory=list)  # verified ones
+    uncovered: int = 0  # entries after the largest matching checkpoint
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def codes(self) -> set[str]:
+        return {code for code, _, _ in self.problems}
+
+    def add(self, code: str, seq: int | None, detail: str) -> None:
+        self.problems.append((code, seq, detail))
+
+
+def verify_bundle(
+    path: Path | str,
+    *,
+    private_key_pem: bytes | None = None,
+    log_key: str | None = None,
+    kept: Sequence[bytes] = (),
+) -> Report:
+    """§12 (and §13 with a key): every problem found, with its §14 code."""
+    root = Path(path)
+    report = Report()
+
+    # 1. Index.
+    stream: str | None = None
+    index: Any = None
+    try:
+        index = parse_json((root / "bundle.json").read_bytes(), "bundle.json")
+    except (OSError, Bad) as exc:
+        report.add("malformed_bundle", None, f"bundle.json: {exc}")
+    if isinstance(index, dict):
+        if index.get("format") != "affidavit-bundle/v1" or index.get("schema_version") != "1.0":
+            report.add("malformed_bundle", None, "bundle.json: not an affidavit-bundle/v1 of 1.0")
+        elif isinstance(index.get("stream"), str):
+            stream = index["stream"]
+    elif index is not None:
+        report.add("malformed_bundle", None, "bundle.json is not an object")
+
+    # 2. Lines.
+    try:
+        data = (root / "entries.jsonl").read_bytes()
+    except OSError:
+        data = b""
+        report.add("malformed_bundle", None, "entries.jsonl is missing")
+    if data and not data.endswith(b"\n"):
+        report.add("malformed_bundle", None, "entries.jsonl: last line is cut short")
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    if isinstance(index, dict) and _is_int(index.get("entries")) and index["entries"] != len(lines):
+        report.add("malformed_bundle", None, "bundle.json disagrees on the entry count")
+
+    # 3. Leaves, 4. entries.
+    leaves = [leaf_hash(line) for line in lines]
+    entries: list[tuple[dict[str, Any], Any]] = []
+    for i, line in enumerate(lines):
+        try:
+            envelope, body = parse_line(line)
+        except Bad as exc:
+            report.add("malformed_entry", None, f"line {i + 1}: {exc}")
+            continue
+        if stream is None:
+            stream = envelope["stream"]
+        if envelope["stream"] != stream:
+            report.add("stream_mismatch", envelope["seq"], f"line {i + 1} names another stream")
+        entries.append((envelope, body))
+    report.stream = stream or "?"
+    report.envelopes = [env for env, _ in entries]
+
+    # 5. Sequence.
+    seen: set[int] = set()
+    highest = -1
+    for envelope, _ in entries:
+        seq = envelope["seq"]
+        if seq in seen:
+            report.add("seq_duplicate", seq, "seq appears twice")
+        elif seq < highest:
+            report.add("seq_order", seq, f"seq {seq} after {highest}")
+        seen.add(seq)
+        highest = max(highest, seq)
+    for missing in range(highest + 1):
+        if missing not in seen:
+            report.add("seq_gap", missing, "seq is missing")
+
+    # 6. Log key and the stream's origin.
+    vkey: VKey | None = None
+    if log_key is None:
+        try:
+            log_key = (root / "log_key.pub").read_text("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            report.add("malformed_bundle", None, "log_key.pub is missing or not UTF-8")
+    if log_key is not None:
+        try:
+            vkey = parse_vkey(log_key)
+        except Bad as exc:
+            report.add("checkpoint_invalid", None, f"log key: {exc}")
+    origin: str | None = None
+    opened = next(((e, b) for e, b in entries if e["kind"] == "stream.opened"), None)
+    if opened is not None:
+        try:
+            check_body("stream.opened", opened[1], "stream.opened body")
+            origin = opened[1]["origin"]
+            if log_key is not None and opened[1]["log_key"] != log_key:
+                report.add("checkpoint_invalid", opened[0]["seq"], "stream names another log key")
+        except Bad as exc:
+            report.add("malformed_entry", opened[0]["seq"], str(exc))
+
+    # 7. Checkpoints, 9. kept ones.
+    folder = root / "checkpoints"
+    notes: list[tuple[str, bytes, bool]] = []
+    if folder.is_dir():
+        notes = [
+            (p.name, p.read_bytes(), False)
+            for p in sorted(folder.iterdir())
+            if p.name.endswith(".note")
+        ]
+    else:
+        report.add("malformed_bundle", None, "checkpoints/ is missing")
+    notes += [(f"kept #{i}", note, True) for i, note in enumerate(kept)]
+    if vkey is None and log_key is None and notes:
+        report.add("checkpoint_invalid", None, "no log key to check checkpoints with")
+    signed: list[tuple[str, CheckpointText]] = []
+    for label, note, _ in notes:
+        if vkey is None:
+            if log_key is not None:
+                report.add("checkpoint_invalid", None, f"{label}: no usable log key")
+            continue
+        try:
+            cp = open_note(note, vkey)
+        except Bad as exc:
+            report.add("checkpoint_invalid", None, f"{label}: {exc}")
+            continue
+        if origin is not None and cp.origin != origin:
+            report.add("checkpoint_invalid", None, f"{label}: origin {cp.origin!r}")
+            continue
+        signed.append((label, cp))
+
+    # 8. Tree.
+    n = len(lines)
+    by_size: dict[int, bytes] = {}
+    for label, cp in signed:
+        if by_size.setdefault(cp.size, cp.root) != cp.root:
+            report.add("checkpoint_inconsistent", cp.size - 1, f"{label}: two roots for a size")
+    roots = {cp.size: mth(leaves[: cp.size]) for _, cp in signed if cp.size <= n}
+    matching = [cp.size for _, cp in signed if cp.size <= n and roots[cp.size] == cp.root]
+    anchor = max(matching, default=None)
+    for label, cp in signed:
+        if cp.size > n:
+            report.add("truncated", n, f"{label} covers {cp.size} entries, the log has {n}")
+        elif roots[cp.size] != cp.root:
+            if anchor is not None and cp.size < anchor:
+                report.add("checkpoint_inconsistent", cp.size - 1, f"{label} contradicts {anchor}")
+            else:
+                report.add("root_mismatch", cp.size - 1, f"{label}: another root")
+        else:
+            report.checkpoints.append(cp)
+    report.uncovered = n - (anchor or 0)
+
+    if private_key_pem is not None:
+        _open_bodies(root, report, entries, private_key_pem)
+    return report
+
+
+def _open_bodies(
+    root: Path,
+    report: Report,
+    entries: list[tuple[dict[str, Any], Any]],
+    private_key_pem: bytes,
+) -> None:
+    """§13: unwrap the data keys, open and check every body, then its digests."""
+    private = private_key_from_pem(private_key_pem)
+    mine = public_text(private)
+    stream = report.stream
+
+    # 2. Data keys.
+    named = False
+    for envelope, body in entries:
+        if envelope["kind"] not in CLEAR_KINDS:
+            continue
+        try:
+            check_body(envelope["kind"], body, envelope["kind"])
+        except Bad:
+            continue  # reported when the body is checked below
+        for wrapped in body["recipients"]:
+            if wrapped["recipient"] != mine:
+                continue
+            named = True
+            epoch = body["key_epoch"]
+            try:
+                sealed_key = b64(wrapped["sealed_key"], "sealed_key")
+                report.data_keys[epoch] = hpke_open(private, sealed_key, wrap_info(stream, epoch))
+            except Bad as exc:
+                report.add("cannot_open", envelope["seq"], str(exc))
+    if not named:
+        report.add("cannot_open", None, "the stream is not sealed to this key")
+        return
+
+    # 3. Bodies, 4. digests.
+    for envelope, body in entries:
+        seq, kind = envelope["seq"], envelope["kind"]
+        if isinstance(body, str):
+            key = report.data_keys.get(envelope["key_epoch"])
+            if key is None:
+                report.add("cannot_open", seq, f"no data key for epoch {envelope['key_epoch']}")
+                continue
+            try:
+                plaintext = open_body(key, body, jcs(envelope))
+            except Bad as exc:
+                report.add("cannot_open", seq, str(exc))
+                continue
+            try:
+                body = parse_json(plaintext, f"seq {seq} body")
+            except Bad as exc:
+                report.add("malformed_body", seq, str(exc))
+                continue
+            report.plaintexts[seq] = plaintext
+        try:
+            check_body(kind, body, f"seq {seq} body")
+        except Bad as exc:
+            report.add("malformed_body", seq, str(exc))
+            continue
+        report.bodies[seq] = body
+        for data_name, digest_name, domain in DIGEST_PAIRS.get(kind, []):
+            data, claimed = body.get(data_name), body.get(digest_name)
+            if data is None and claimed is None:
+                continue
+            if data is None or claimed is None:
+                report.add("body_digest_mismatch", seq, f"{digest_name} without its bytes")
+            elif digest(domain, b64(data, data_name)) != claimed:
+                report.add("body_digest_mismatch", seq, f"{digest_name} does not match")
+        if kind == "evidence.archived":
+            name = body["file"]
+            file = root / "evidence" / name
+            if "/" in name or name.startswith(".") or not file.is_file():
+                report.add("body_digest_mismatch", seq, f"evidence file {name!r} is missing")
+            elif digest(DOMAIN["EVIDENCE"], file.read_bytes()) != body["evidence_digest"]:
+                report.add("body_digest_mismatch", seq, f"evidence file {name!r} differs")
+
+
+# --- §15 the v1.0 record ------------------------------------------------------------------------
+
+_FROM_ENVELOPE = ("schema_version", "event_id", "seq", "occurred_at")
+_FROM_REQUEST = (
+    "content_key",
+    "input_digest",
+    "prompt_digest",
+    "retrieval",
+    "provider",
+    "model_id",
+    "params",
+)
+_FROM_RESPONSE = ("fingerprint", "response_bytes", "response_digest", "error_bytes")
+
+
+def v1_record(report: Report, request_seq: int) -> dict[str, Any]:
+    """§15: the v1.0 record of the ``model.request`` at ``request_seq``, from opened bodies."""
+    envelope = next(e for e in report.envelopes if e["seq"] == request_seq)
+    request = report.bodies[request_seq]
+    responses = [
+        body
+        for seq, body in sorted(report.bodies.items())
+        if body["kind"] == "model.response" and body["request_seq"] == request_seq
+    ]
+    if len(responses) > 1:
+        raise Bad(f"request {request_seq} has {len(responses)} responses")
+    response = responses[0] if responses else None
+    record: dict[str, Any] = {name: envelope[name] for name in _FROM_ENVELOPE}
+    record |= {name: request[name] for name in _FROM_REQUEST}
+    record |= {name: response.get(name) if response else None for name in _FROM_RESPONSE}
+    record["outcome"] = response["outcome"] if response else "UNKNOWN"
+    return record
