@@ -1,0 +1,174 @@
+"""The data plane: FastAPI routes under ``/s/{session}/``, in front of the pipeline.
+
+Every route lives under a session's path and needs that session's token. The order of
+checks is fixed, and each refusal is a JSON error with a stable ``code``:
+
+1. not under ``/s/{session}/…`` → 404 ``not_found`` (nothing else is served);
+2. unknown session or wrong token → 401 ``unauthorized`` (one answer for both);
+3. a path no provider is mounted on → 404 ``not_found``; not POST → 405;
+4. a body over ``max_body_bytes`` → 413 ``body_too_large``: never read to its end, not
+   recorded, not sent;
+5. a body that is not one I-JSON object → 400 ``malformed_json``, recorded as a refused
+   call (its input digest, outcome ``FAILED``), not sent.
+
+Everything else goes through the pipeline. This module holds no recording logic; it reads
+the body, builds the ``Call`` and turns the ``Reply`` into an HTTP response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from egress_proxy.config import ProxyConfig, api_keys
+from egress_proxy.errors import (
+    BodyTooLarge,
+    MalformedBody,
+    MethodNotAllowed,
+    NotFound,
+    ProxyError,
+    UpstreamError,
+)
+from egress_proxy.pipeline import Call, TaskSet, Upstream, build_pipeline, record_refusal
+from egress_proxy.providers import CREDENTIAL_HEADERS, DIALECTS, parse_request, relayed
+from egress_proxy.sessions import SessionRegistry, token_from_headers
+from egress_proxy.transports.base import Transport
+from record.log import Log
+
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+#: How long shutdown waits for replies still being read, so they are committed.
+DRAIN_SECONDS = 30.0
+
+
+def error_response(error: ProxyError, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(error.body(), error.status, headers, media_type="application/json")
+
+
+def upstreams(config: ProxyConfig, keys: Mapping[str, str | None]) -> dict[str, Upstream]:
+    """Each mounted route's upstream: the provider's base URL with the route appended."""
+    result: dict[str, Upstream] = {}
+    for route, name in config.mounts.items():
+        provider = config.providers[name]
+        result[route] = Upstream(
+            name=name,
+            dialect=DIALECTS[route],
+            url=provider.base_url + route,
+            api_key=keys[name],
+            api_version=provider.api_version,
+            timeout_s=provider.timeout_s,
+            connect_timeout_s=provider.connect_timeout_s,
+        )
+    return result
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) as soon as it is known to exceed ``limit``."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"the body is {declared} bytes; this proxy takes at most {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(f"the body exceeds {limit} bytes")
+    return bytes(body)
+
+
+def create_app(
+    config: ProxyConfig,
+    log: Log,
+    *,
+    registry: SessionRegistry | None = None,
+    transport: Transport | None = None,
+    env: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """The data-plane app. Fails here, at start, if a provider's API key is not set.
+
+    With no ``transport`` it dials the network (``transports.network``, imported only then).
+    """
+    routes = upstreams(config, api_keys(config, env))
+    registry = registry if registry is not None else SessionRegistry(log)
+    dialer = transport if transport is not None else _network_transport()
+    tasks = TaskSet()
+    pipeline = build_pipeline(log, dialer, tasks)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await tasks.drain(DRAIN_SECONDS)  # replies still being read get committed first
+        await dialer.aclose()
+
+    app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.state.config = config
+    app.state.registry = registry
+    app.state.tasks = tasks
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(_: Request, exc: ProxyError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        return error_response(ProxyError(f"the proxy failed: {type(exc).__name__}"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            return error_response(MethodNotAllowed("method not allowed here"))
+        return error_response(NotFound("no such route"))
+
+    @app.api_route("/s/{session_id}/{path:path}", methods=_METHODS)
+    async def session_route(session_id: str, path: str, request: Request) -> Response:
+        session = registry.authenticate(session_id, token_from_headers(request.headers))
+        upstream = routes.get("/" + path)
+        if upstream is None:
+            raise NotFound(f"no provider is mounted on /{path}")
+        if request.method != "POST":
+            raise MethodNotAllowed(f"/{path} takes POST, not {request.method}")
+        raw = await read_body(request, config.max_body_bytes)
+        client_headers = {  # the token stops here: no stage ever sees a credential header
+            k.lower(): v for k, v in request.headers.items() if k.lower() not in CREDENTIAL_HEADERS
+        }
+        api_version = upstream.dialect.api_version(client_headers, upstream.api_version)
+        call = Call(session, upstream, client_headers, raw, {}, raw, api_version=api_version)
+        try:
+            call.request = parse_request(raw)
+        except MalformedBody as exc:
+            first, _ = await record_refusal(log, call, exc)
+            return error_response(exc, _record_headers(session.id, first.seq))
+        # The call runs in its own task: a client that goes away cancels this handler, not
+        # the call, which still records its request and (through capture) its reply.
+        try:
+            reply = await asyncio.shield(tasks.spawn(pipeline(call)))
+        except UpstreamError as exc:
+            headers = _record_headers(session.id, call.request_seq)
+            return error_response(exc, headers)
+        headers = dict(relayed(reply.headers))
+        headers.update(_record_headers(session.id, call.request_seq))
+        return StreamingResponse(reply.body, reply.status, headers)
+
+    @app.api_route("/{path:path}", methods=_METHODS)
+    async def outside(path: str) -> Response:
+        raise NotFound(f"/{path} is not under a session path /s/{{session}}/")
+
+    return app
+
+
+def _network_transport() -> Transport:
+    """Imported here, only when a live app is built without a transport of its own."""
+    from egress_proxy.transports.network import NetworkTransport
+
+    return NetworkTransport()
+
+
+def _record_headers(stream: str, request_seq: int | None) -> dict[str, str]:
+    """Where the call's request entry is, for replies that carry no annotation."""
+    headers = {"affidavit-stream": stream}
+    if request_seq is not None:
+        headers["affidavit-request-seq"] = str(request_seq)
+    return headers

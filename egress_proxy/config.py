@@ -1,0 +1,148 @@
+"""The proxy's one config file: where it listens, which upstreams it may dial, and which route
+goes to which upstream (a ``mounts``-style mapping).
+
+TOML (read with ``tomllib``) or JSON, chosen by the file's suffix. Every model refuses unknown
+keys, and a bad file fails at start with the offending key named (``ConfigError``). API keys
+are never in the file: a provider names the environment variable that holds its key, and
+:func:`api_keys` reads them once at start (``ConfigMissing`` names the variable).
+
+This module never dials out and never reads the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from egress_proxy.errors import ConfigError, ConfigMissing
+from record.schema import describe
+
+#: The data-plane routes a provider can be mounted on, and the wire dialect each one speaks.
+ROUTES: dict[str, Literal["openai", "anthropic"]] = {
+    "/v1/chat/completions": "openai",
+    "/v1/messages": "anthropic",
+}
+Route = Literal["/v1/chat/completions", "/v1/messages"]
+
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Listen(_Model):
+    """Where the data plane listens: loopback only (the harness is the one client)."""
+
+    host: Literal["127.0.0.1", "::1"] = "127.0.0.1"
+    port: int = Field(8700, ge=0, le=65535)  # 0: any free port (tests)
+
+
+class ProviderConfig(_Model):
+    """One upstream. The route's path is appended to ``base_url`` as it is."""
+
+    api: Literal["openai", "anthropic"]  # the wire dialect it speaks
+    base_url: str  # e.g. "https://api.openai.com" (the route adds "/v1/chat/completions")
+    api_key_env: str | None = None  # environment variable holding the key; None: no key
+    api_version: str | None = None  # anthropic: the anthropic-version header sent upstream
+    timeout_s: float = Field(600.0, gt=0)  # the whole reply, streamed or not
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[^/?#\s]+(/[^?#\s]*)?", value):
+            raise ValueError(f"not an http(s) URL without query or fragment: {value!r}")
+        return value.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not _ENV_RE.fullmatch(value):
+            raise ValueError(f"not an environment variable name: {value!r}")
+        return value
+
+
+class ProxyConfig(_Model):
+    """The whole file. See ``docs/proxy.md`` for a worked example."""
+
+    listen: Listen = Listen()
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, le=256 * 1024 * 1024)
+    providers: dict[str, ProviderConfig] = Field(min_length=1)
+    mounts: dict[Route, str] = Field(default_factory=dict)
+
+    @field_validator("providers")
+    @classmethod
+    def _names(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:
+        for name in value:
+            if not _NAME_RE.fullmatch(name):
+                raise ValueError(f"provider name {name!r} must match {_NAME_RE.pattern}")
+        return value
+
+    @model_validator(mode="after")
+    def _mounts_name_providers(self) -> ProxyConfig:
+        for route, name in self.mounts.items():
+            provider = self.providers.get(name)
+            if provider is None:
+                raise ValueError(f"mounts.{route}: no provider named {name!r}")
+            if provider.api != ROUTES[route]:
+                raise ValueError(
+                    f"mounts.{route}: provider {name!r} speaks {provider.api}, "
+                    f"this route needs {ROUTES[route]}"
+                )
+        return self
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "config") -> ProxyConfig:
+    """Validate a loaded document; ``ConfigError`` names each offending key."""
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe(exc, source)) from None
+
+
+def load_config(path: Path | str) -> ProxyConfig:
+    """Read and validate a ``.toml`` or ``.json`` config file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigMissing(f"config file {path} does not exist") from None
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(raw.decode("utf-8"))
+        elif path.suffix == ".json":
+            data = json.loads(raw)
+        else:
+            raise ConfigError(f"{path}: the config must be a .toml or .json file")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid {path.suffix[1:].upper()}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a table/object")
+    return parse_config(data, source=str(path))
+
+
+def api_keys(config: ProxyConfig, env: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Each provider's API key, read once at start from the variable its config names."""
+    env = os.environ if env is None else env
+    keys: dict[str, str | None] = {}
+    for name, provider in config.providers.items():
+        if provider.api_key_env is None:
+            keys[name] = None
+            continue
+        value = env.get(provider.api_key_env)
+        if not value:
+            raise ConfigMissing(
+                f"providers.{name}.api_key_env: environment variable "
+                f"{provider.api_key_env} is not set"
+            )
+        keys[name] = value
+    return keys

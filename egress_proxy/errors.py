@@ -1,0 +1,105 @@
+"""Errors of the egress proxy, sorted by who is at fault.
+
+::
+
+    ProxyError                  base: stable ``code``, HTTP ``status``, ``exit_code``, diagnostics()
+    ├── ConfigError             the config file is wrong; the message names the key (exit 2)
+    │   └── ConfigMissing       the config file or an environment variable it names is absent (exit 3)
+    ├── Refused                 the client's request is refused; nothing goes upstream
+    │   ├── NotFound            404 not_found: no such route
+    │   ├── MethodNotAllowed    405 method_not_allowed
+    │   ├── Unauthorized        401 unauthorized: unknown session or wrong token (one answer for both)
+    │   ├── BodyTooLarge        413 body_too_large: over ``max_body_bytes``; never read to the end
+    │   └── MalformedBody       400 malformed_json: not one I-JSON object; recorded as FAILED
+    ├── RecordUnavailable       503 record_unavailable: the request could not be made durable, so
+    │                           it was not sent (the record comes first, always)
+    └── UpstreamError           the upstream gave no whole reply (exit 3); recorded as UNKNOWN
+        ├── UpstreamUnavailable 502 upstream_unavailable: no response (connect, TLS, timeout)
+        └── UpstreamCut         502 upstream_cut: the response stopped before its end
+
+A provider's own error reply (a 4xx or 5xx with a body) is *not* a ``ProxyError``: the proxy
+relays it verbatim with the same status and records it as ``FAILED``. Transports translate
+their library's exceptions into ``UpstreamError`` at the boundary, so nothing above the
+transport layer knows which HTTP client dialed.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class ProxyError(Exception):
+    """Base of every proxy error; ``code`` is stable, the message is for people."""
+
+    code = "proxy_error"
+    status = 500
+    exit_code = 1
+
+    def diagnostics(self) -> str:
+        return f"{self.code}: {self}"
+
+    def body(self) -> bytes:
+        """The data plane's JSON error body: ``{"error": {"code", "message"}}``."""
+        return json.dumps(
+            {"error": {"code": self.code, "message": str(self)}}, separators=(",", ":")
+        ).encode()
+
+
+class ConfigError(ProxyError):
+    code = "config"
+    exit_code = 2
+
+
+class ConfigMissing(ConfigError):
+    code = "config_missing"
+    exit_code = 3
+
+
+class Refused(ProxyError):
+    code = "refused"
+    status = 400
+
+
+class NotFound(Refused):
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowed(Refused):
+    code = "method_not_allowed"
+    status = 405
+
+
+class Unauthorized(Refused):
+    code = "unauthorized"
+    status = 401
+
+
+class BodyTooLarge(Refused):
+    code = "body_too_large"
+    status = 413
+
+
+class MalformedBody(Refused):
+    code = "malformed_json"
+    status = 400
+
+
+class RecordUnavailable(ProxyError):
+    code = "record_unavailable"
+    status = 503
+    exit_code = 3
+
+
+class UpstreamError(ProxyError):
+    code = "upstream_error"
+    status = 502
+    exit_code = 3
+
+
+class UpstreamUnavailable(UpstreamError):
+    code = "upstream_unavailable"
+
+
+class UpstreamCut(UpstreamError):
+    code = "upstream_cut"

@@ -1,0 +1,411 @@
+"""The proxy's request pipeline: small wrapping stages with one signature.
+
+    Stage = async (call, next) -> Reply
+
+The default chain, outermost first: ``annotate → pins → identity → capture → dial``.
+
+- ``pins`` sets the session's pins on the request; only then is it re-serialised (RFC 8785),
+  so an unpinned request goes upstream as the very bytes the client sent.
+- ``identity`` appends ``model.request`` (content key over the bytes it will send, input
+  digest over the bytes as received, prompt digest over the canonical prompt of the request
+  it will send) and waits until it is durable. Only then does it call ``next``.
+- ``capture`` reads the reply to its end in a task of its own, so a client that leaves
+  mid-stream does not stop the recording, keeps every byte, and appends ``model.response``
+  (``COMMITTED``, ``FAILED`` or ``UNKNOWN``) before the reply's end reaches outer stages.
+- ``annotate`` forwards whole events as they arrive, holds back the stream's terminating
+  event, and once the reply is committed sends the proxy's annotation and then the held
+  bytes; a non-streamed JSON reply gets a top-level ``affidavit`` member. A provider's error
+  reply passes through untouched.
+- ``dial`` is the only stage that uses a transport.
+
+This module imports no web framework and no HTTP client: reconstruct can build the same
+chain with a record-backed transport. It never changes a byte it records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from egress_proxy.errors import ProxyError, RecordUnavailable, UpstreamCut, UpstreamUnavailable
+from egress_proxy.providers import (
+    Dialect,
+    apply_pins,
+    params_of,
+    reply_facts,
+    splice_member,
+)
+from egress_proxy.sessions import Session
+from egress_proxy.sse import Event, EventSplitter, parse_event
+from egress_proxy.transports.base import Transport, UpstreamRequest, header
+from record.digest import Domain, canonical_json, digest, prompt_bytes
+from record.log import Appended, Log
+from record.schema import ModelRequest, ModelResponse, Provider
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """Where a route's calls go, resolved from the config once at start."""
+
+    name: str
+    dialect: Dialect
+    url: str
+    api_key: str | None = field(repr=False)
+    api_version: str | None = None  # as configured; the dialect may fill in a default
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+
+
+@dataclass
+class Call:
+    """One model call as it moves through the stages; stages fill in the later fields."""
+
+    session: Session
+    upstream: Upstream
+    client_headers: Mapping[str, str]  # lower-case names, credential headers removed
+    input_bytes: bytes
+    request: dict[str, Any]
+    request_bytes: bytes
+    api_version: str | None = None
+    pins: dict[str, Any] | None = None
+    clock: str | None = None
+    request_seq: int | None = None
+    content_key: str | None = None
+    prompt_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class Committed:
+    appended: Appended
+    outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
+    response_digest: str | None
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: AsyncIterator[bytes]
+    committed: asyncio.Future[Committed] | None = None  # resolved by ``capture``
+    close: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def is_sse(self) -> bool:
+        content_type = (header(self.headers, "content-type") or "").lower()
+        return content_type.startswith("text/event-stream")
+
+
+Handler = Callable[[Call], Coroutine[Any, Any, Reply]]
+Stage = Callable[[Call, Handler], Coroutine[Any, Any, Reply]]
+
+
+class TaskSet:
+    """Tasks that must outlive the request that started them (captures): kept, then drained."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its awaiter may have been cancelled (client gone)
+
+    async def drain(self, timeout: float) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+def compose(stages: Sequence[Stage], handler: Handler) -> Handler:
+    """``stages[0]`` outermost; each stage's ``next`` is the rest of the chain."""
+    for stage in reversed(stages):
+        handler = _bind(stage, handler)
+    return handler
+
+
+def _bind(stage: Stage, nxt: Handler) -> Handler:
+    async def bound(call: Call) -> Reply:
+        return await stage(call, nxt)
+
+    return bound
+
+
+def build_pipeline(log: Log, transport: Transport, tasks: TaskSet) -> Handler:
+    """The live chain: every call recorded before it is dialed, every reply after."""
+    return compose([annotate, pins, identity(log), capture(log, tasks)], dial(transport))
+
+
+# -- request stages ----------------------------------------------------------------------------
+
+
+async def pins(call: Call, next: Handler) -> Reply:
+    request, applied = apply_pins(call.upstream.dialect, call.request, call.session.pins)
+    if applied is not None:
+        call.request, call.pins = request, applied
+        call.request_bytes = canonical_json(request)
+    return await next(call)
+
+
+def identity(log: Log) -> Stage:
+    async def stage(call: Call, next: Handler) -> Reply:
+        prompt = prompt_bytes(call.request)
+        model = call.request.get("model")
+        body = ModelRequest(
+            content_key=digest(Domain.REQUEST, call.request_bytes),
+            input_digest=digest(Domain.INPUT, call.input_bytes),
+            prompt_digest=digest(Domain.PROMPT, prompt),
+            request_bytes=call.request_bytes,
+            input_bytes=call.input_bytes,
+            prompt_bytes=prompt,
+            provider=_provider(call),
+            model_id=model if isinstance(model, str) else "",
+            params=params_of(call.request),
+            pins=call.pins,
+            clock=call.clock,
+        )
+        appended = await _append(log, call.session, body)
+        call.request_seq, call.content_key = appended.seq, body.content_key
+        call.prompt_digest = body.prompt_digest
+        return await next(call)
+
+    return stage
+
+
+def _provider(call: Call) -> Provider:
+    return Provider(
+        name=call.upstream.name, endpoint=call.upstream.url, api_version=call.api_version
+    )
+
+
+async def _append(log: Log, session: Session, body: ModelRequest | ModelResponse) -> Appended:
+    try:
+        appended = await log.append_async(session.id, body)
+    except Exception as exc:
+        raise RecordUnavailable(f"the record refused the {body.kind} entry: {exc}") from exc
+    session.noted(appended)
+    return appended
+
+
+def dial(transport: Transport) -> Handler:
+    async def handler(call: Call) -> Reply:
+        up = call.upstream
+        request = UpstreamRequest(
+            method="POST",
+            url=up.url,
+            headers=up.dialect.upstream_headers(call.client_headers, up.api_key, call.api_version),
+            body=call.request_bytes,
+            timeout_s=up.timeout_s,
+            connect_timeout_s=up.connect_timeout_s,
+        )
+        response = await transport.send(request)
+        return Reply(response.status, response.headers, response.body(), close=response.aclose)
+
+    return handler
+
+
+# -- reply stages ------------------------------------------------------------------------------
+
+
+def capture(log: Log, tasks: TaskSet) -> Stage:
+    async def stage(call: Call, next: Handler) -> Reply:
+        assert call.request_seq is not None, "capture runs after identity"
+        try:
+            reply = await next(call)
+        except UpstreamUnavailable:
+            unknown = ModelResponse(request_seq=call.request_seq, outcome="UNKNOWN")
+            await _append(log, call.session, unknown)
+            raise
+        pump = _Pump(log, call, reply)
+        tasks.spawn(pump.run())
+        return replace(reply, body=pump.read(), committed=pump.committed, close=None)
+
+    return stage
+
+
+_END = object()
+
+
+class _Pump:
+    """Reads one reply to its end whatever its reader does, then commits it."""
+
+    def __init__(self, log: Log, call: Call, reply: Reply) -> None:
+        self.log, self.call, self.reply = log, call, reply
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.committed: asyncio.Future[Committed] = asyncio.get_running_loop().create_future()
+        self.reader_gone = False
+
+    async def run(self) -> None:
+        try:
+            body, cut = await self._read_to_end()
+            entry = self._response(body, cut)
+            appended = await _append(self.log, self.call.session, entry)
+        except BaseException as exc:  # not committed: whoever still reads must learn it
+            error = exc if isinstance(exc, ProxyError) else RecordUnavailable(repr(exc))
+            self.committed.set_exception(error)
+            self.committed.exception()  # marked retrieved: the reader may be long gone
+            self.queue.put_nowait(error)
+            if not isinstance(exc, Exception):
+                raise
+            call = self.call
+            logger.error("reply %s/%s not committed: %s", call.session.id, call.request_seq, exc)
+            return
+        self.committed.set_result(Committed(appended, entry.outcome, entry.response_digest))
+        self.queue.put_nowait(cut or _END)
+
+    async def _read_to_end(self) -> tuple[bytes, UpstreamCut | None]:
+        received = bytearray()
+        try:
+            async for chunk in self.reply.body:
+                received += chunk
+                if not self.reader_gone:
+                    self.queue.put_nowait(chunk)
+        except UpstreamCut as exc:
+            return bytes(received), exc
+        except Exception as exc:  # whatever stopped the body, the reply is incomplete
+            return bytes(received), UpstreamCut(f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.reply.close is not None:
+                await self.reply.close()
+        return bytes(received), None
+
+    def _response(self, body: bytes, cut: UpstreamCut | None) -> ModelResponse:
+        assert self.call.request_seq is not None
+        seq, status = self.call.request_seq, self.reply.status
+        if cut is not None:  # what arrived before the cut, kept as evidence
+            kept = body or None
+            return ModelResponse(
+                request_seq=seq,
+                outcome="UNKNOWN",
+                status=status,
+                response_bytes=kept,
+                response_digest=digest(Domain.RESPONSE, body) if kept else None,
+            )
+        if 200 <= status < 300:
+            fingerprint, block = reply_facts(body, self.reply.is_sse)
+            return ModelResponse(
+                request_seq=seq,
+                outcome="COMMITTED",
+                status=status,
+                response_bytes=body,
+                response_digest=digest(Domain.RESPONSE, body),
+                fingerprint=fingerprint,
+                reproducibility=block,
+            )
+        return ModelResponse(
+            request_seq=seq,
+            outcome="FAILED",
+            status=status,
+            error_bytes=body,
+            error_digest=digest(Domain.ERROR, body),
+        )
+
+    async def read(self) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                item = await self.queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.reader_gone = True
+
+
+async def annotate(call: Call, next: Handler) -> Reply:
+    reply = await next(call)
+    if reply.committed is None or not 200 <= reply.status < 300:
+        return reply
+    body = _annotated_stream(call, reply) if reply.is_sse else _annotated_json(call, reply)
+    return replace(reply, body=body)
+
+
+async def _annotated_stream(call: Call, reply: Reply) -> AsyncIterator[bytes]:
+    assert reply.committed is not None
+    dialect = call.upstream.dialect
+    splitter = EventSplitter()
+    held = bytearray()  # the terminating event and everything after it
+    last: Event | None = None
+    async for chunk in reply.body:
+        ready = bytearray()  # the whole events this chunk completed, sent in one write
+        for block in splitter.feed(chunk):
+            if not held:
+                event = parse_event(block)
+                if not dialect.is_terminal(event):
+                    last = event if event.data is not None else last
+                    ready += block
+                    continue
+            held += block
+        if ready:
+            yield bytes(ready)
+    committed = await reply.committed
+    yield dialect.annotation_event(annotation(call, committed), last.json() if last else None)
+    if held or splitter.tail:
+        yield bytes(held) + splitter.tail
+
+
+async def _annotated_json(call: Call, reply: Reply) -> AsyncIterator[bytes]:
+    assert reply.committed is not None
+    body = b"".join([chunk async for chunk in reply.body])
+    committed = await reply.committed
+    spliced = splice_member(body, "affidavit", annotation(call, committed))
+    yield body if spliced is None else spliced
+
+
+def annotation(call: Call, committed: Committed) -> dict[str, Any]:
+    """What the client learns once its reply is durable (see ``docs/proxy.md``)."""
+    appended = committed.appended
+    note = call.session.latest_checkpoint
+    return {
+        "stream": appended.stream,
+        "request_seq": call.request_seq,
+        "seq": appended.seq,
+        "outcome": committed.outcome,
+        "content_key": call.content_key,
+        "prompt_digest": call.prompt_digest,
+        "response_digest": committed.response_digest,
+        "pins": call.pins,
+        "clock": call.clock,
+        "tree_size": appended.tree_size,
+        "root_hash": base64.b64encode(appended.root_hash).decode("ascii"),
+        "checkpoint": note.decode("utf-8") if note is not None else None,
+        "replay": None,
+    }
+
+
+async def record_refusal(log: Log, call: Call, error: ProxyError) -> tuple[Appended, Appended]:
+    """Record a request the proxy refused after reading it (malformed): nothing was sent, so
+    ``request_bytes`` is empty; ``error_bytes`` is the error body the client got."""
+    prompt = prompt_bytes({})
+    request = ModelRequest(
+        content_key=digest(Domain.REQUEST, b""),
+        input_digest=digest(Domain.INPUT, call.input_bytes),
+        prompt_digest=digest(Domain.PROMPT, prompt),
+        request_bytes=b"",
+        input_bytes=call.input_bytes,
+        prompt_bytes=prompt,
+        provider=_provider(call),
+        model_id="",
+        params={},
+    )
+    first = await _append(log, call.session, request)
+    error_body = error.body()
+    failed = ModelResponse(
+        request_seq=first.seq,
+        outcome="FAILED",
+        status=error.status,
+        error_bytes=error_body,
+        error_digest=digest(Domain.ERROR, error_body),
+    )
+    return first, await _append(log, call.session, failed)

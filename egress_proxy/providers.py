@@ -1,0 +1,222 @@
+"""What differs between the OpenAI and Anthropic wire dialects, and what they share.
+
+Differences: the route, the credential header sent upstream, which request members a pin may
+set, which event ends a stream (OpenAI ``data: [DONE]``, Anthropic ``event: message_stop``)
+and the shape of the annotation event. Shared: the strict reading of a request body, the
+split of a request into prompt and params, the JSON splice of a non-streamed annotation,
+and reading the provider's fingerprint and the engine's reproducibility block from a reply.
+
+Headers: the proxy builds the upstream's headers itself. From the client it forwards only
+``FORWARDED_HEADERS``; it never forwards or records ``CREDENTIAL_HEADERS`` (the session token
+travels there), and in this slice it records no header at all.
+
+Nothing here changes an upstream byte: the annotation is a separate event or one spliced
+member, built from values read out of the reply.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import JsonValue
+
+from egress_proxy.errors import MalformedBody
+from egress_proxy.sse import Event, iter_events
+from record.digest import PROMPT_FIELDS, canonical_json
+
+#: Client headers passed upstream as they are (the credential is the proxy's own).
+FORWARDED_HEADERS = frozenset({"accept", "anthropic-beta", "openai-beta"})
+#: Never forwarded upstream, never recorded, never logged.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "x-api-key", "proxy-authorization", "cookie", "api-key"}
+)
+#: Upstream response headers relayed to the client; everything else stays behind.
+RELAYED_HEADERS = frozenset({"content-type", "retry-after", "request-id", "x-request-id"})
+RELAYED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-")
+ANTHROPIC_VERSION = "2023-06-01"
+USER_AGENT = "affidavit-egress-proxy/0.1"
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: Literal["openai", "anthropic"]
+    route: str
+    pinnable: frozenset[str]
+
+    def api_version(self, client: Mapping[str, str], configured: str | None) -> str | None:
+        """The API version sent (Anthropic) and recorded as ``provider.api_version``."""
+        if self.name == "anthropic":
+            return configured or client.get("anthropic-version") or ANTHROPIC_VERSION
+        return configured
+
+    def upstream_headers(
+        self, client: Mapping[str, str], api_key: str | None, api_version: str | None
+    ) -> tuple[tuple[str, str], ...]:
+        headers = [
+            ("content-type", "application/json"),
+            ("accept-encoding", "identity"),  # the record keeps the body as sent, uncompressed
+            ("user-agent", USER_AGENT),
+        ]
+        headers += [(k, v) for k, v in sorted(client.items()) if k in FORWARDED_HEADERS]
+        if self.name == "anthropic":
+            headers.append(("anthropic-version", api_version or ANTHROPIC_VERSION))
+            if api_key is not None:
+                headers.append(("x-api-key", api_key))
+        elif api_key is not None:
+            headers.append(("authorization", f"Bearer {api_key}"))
+        return tuple(headers)
+
+    def is_terminal(self, event: Event) -> bool:
+        """The event that ends a stream: held back until the reply is committed."""
+        if self.name == "openai":
+            return event.data is not None and event.data.strip() == "[DONE]"
+        if event.name is not None:
+            return event.name == "message_stop"
+        data = event.json()
+        return data is not None and data.get("type") == "message_stop"
+
+    def annotation_event(self, annotation: dict[str, Any], last: dict[str, Any] | None) -> bytes:
+        """The proxy's own event, put just before the stream's terminating event.
+
+        OpenAI: a chunk with ``choices: []``. It repeats the last upstream chunk's ``id``,
+        ``created``, ``model``, ``system_fingerprint``, ``service_tier`` and ``usage``, since
+        SDK accumulators take those from the latest chunk and would otherwise lose them.
+        Anthropic: ``event: affidavit``, which SDKs pass over as an unknown event type.
+        """
+        if self.name == "anthropic":
+            data = _dumps({"type": "affidavit", "affidavit": annotation})
+            return b"event: affidavit\ndata: " + data + b"\n\n"
+        chunk: dict[str, Any] = {
+            "id": "chatcmpl-affidavit",
+            "object": "chat.completion.chunk",
+            "created": 0,
+        }
+        for key in ("id", "created", "model", "system_fingerprint", "service_tier", "usage"):
+            if last is not None and key in last:
+                chunk[key] = last[key]
+        chunk["choices"] = []
+        chunk["affidavit"] = annotation
+        return b"data: " + _dumps(chunk) + b"\n\n"
+
+
+OPENAI = Dialect(
+    "openai",
+    "/v1/chat/completions",
+    frozenset({"seed", "temperature", "top_p", "top_k", "max_tokens"}),
+)
+ANTHROPIC = Dialect(
+    "anthropic", "/v1/messages", frozenset({"temperature", "top_p", "top_k", "max_tokens"})
+)
+DIALECTS = {d.route: d for d in (OPENAI, ANTHROPIC)}
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise MalformedBody(f"the member {key!r} appears twice in one object")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise MalformedBody(f"{name} is not JSON")
+
+
+def strict_json(raw: bytes) -> Any:
+    """Parse JSON as I-JSON (RFC 7493): no duplicate members, no NaN, UTF-8 only."""
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise MalformedBody("the body is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise MalformedBody(f"the body is not JSON: {exc}") from None
+
+
+def parse_request(raw: bytes) -> dict[str, Any]:
+    """A request body as one I-JSON object, or ``MalformedBody`` saying why not.
+
+    Duplicate members are refused because the upstream might read the other one; numbers
+    outside I-JSON because the record's canonical JSON cannot hold them.
+    """
+    value = strict_json(raw)
+    if not isinstance(value, dict):
+        raise MalformedBody(f"the body is a JSON {type(value).__name__}, not an object")
+    try:
+        canonical_json(value)
+    except ValueError as exc:
+        raise MalformedBody(f"the body is not I-JSON: {exc}") from None
+    return value
+
+
+def params_of(request: Mapping[str, Any]) -> dict[str, JsonValue]:
+    """The request's parameters as sent: every top-level member that is not prompt."""
+    return {k: v for k, v in request.items() if k not in PROMPT_FIELDS}
+
+
+def apply_pins(
+    dialect: Dialect, request: dict[str, Any], pins: Mapping[str, JsonValue] | None
+) -> tuple[dict[str, Any], dict[str, JsonValue] | None]:
+    """The request with the session's pins set, and the pins that touched it (or None)."""
+    applied = {k: v for k, v in (pins or {}).items() if k in dialect.pinnable}
+    if not applied:
+        return request, None
+    return {**request, **applied}, applied
+
+
+def splice_member(body: bytes, name: str, value: Any) -> bytes | None:
+    """``body`` with one top-level member added before its closing brace, or None if the body
+    is not a JSON object. Every upstream byte stays where it was."""
+    end = len(body.rstrip(b" \t\r\n"))
+    if end == 0 or body[end - 1 : end] != b"}":
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    member = _dumps(name) + b":" + _dumps(value)
+    sep = b"," if parsed else b""
+    return body[: end - 1] + sep + member + body[end - 1 :]
+
+
+def reply_facts(body: bytes, streamed: bool) -> tuple[str | None, dict[str, JsonValue] | None]:
+    """``(fingerprint, reproducibility)`` read from a reply: the provider's
+    ``system_fingerprint`` and the engine's ``reproducibility`` block, the last seen of each."""
+    objects: Iterable[Any]
+    if streamed:
+        objects = (e.json() for e in iter_events(body))
+    else:
+        try:
+            objects = [strict_json(body)]
+        except MalformedBody:
+            objects = []
+    fingerprint: str | None = None
+    block: dict[str, JsonValue] | None = None
+    for obj in objects:
+        if not isinstance(obj, dict):
+            continue
+        if isinstance(obj.get("system_fingerprint"), str):
+            fingerprint = obj["system_fingerprint"]
+        if isinstance(obj.get("reproducibility"), dict):
+            block = obj["reproducibility"]
+    if block is not None:
+        try:
+            canonical_json(block)
+        except ValueError:
+            block = None  # not I-JSON: the bytes keep it, the record's field cannot
+    return fingerprint, block
+
+
+def relayed(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The upstream response headers a client gets back."""
+    return [(k, v) for k, v in headers if k in RELAYED_HEADERS or k.startswith(RELAYED_PREFIXES)]

@@ -1,0 +1,83 @@
+"""A small runner: the data plane on a loopback socket, in a thread, for tests and embedding.
+
+It binds the socket first (port 0 picks a free one), so the session registry knows the
+proxy's URL before the first session opens; recovers calls a previous run left without a
+reply (``recover_unknown``) before it serves; and on ``stop`` lets uvicorn's shutdown drain
+replies still being read, so they are committed. The CLI (``affidavit proxy serve``) will
+wrap this later.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+
+import uvicorn
+
+from egress_proxy.app import create_app
+from egress_proxy.config import ProxyConfig
+from egress_proxy.recovery import Recovered, recover_unknown
+from egress_proxy.sessions import SessionRegistry
+from egress_proxy.transports.base import Transport
+from record.log import Log
+
+
+class ProxyServer:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        log: Log,
+        *,
+        transport: Transport | None = None,
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        host = config.listen.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, config.listen.port if port is None else port))
+        self.port: int = self._sock.getsockname()[1]
+        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+        self.log = log
+        self.registry = SessionRegistry(log, self.url)
+        self.app = create_app(config, log, registry=self.registry, transport=transport, env=env)
+        self._server = uvicorn.Server(
+            uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
+        )
+        self._thread: threading.Thread | None = None
+        self.recovered: list[Recovered] = []
+
+    def start(self, timeout: float = 10.0) -> ProxyServer:
+        self.recovered = recover_unknown(self.log)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the proxy did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout)
+            self._thread = None
+        self._sock.close()
+
+    def __enter__(self) -> ProxyServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,132 @@
+"""Transports: one module dials out, and it translates its library's errors at the boundary.
+
+- Reading the source: ``egress_proxy.transports.network`` is the only module of the proxy
+  that imports ``httpx``, and no module imports another HTTP client.
+- A fresh interpreter that imports the pipeline, the app and the runner has neither the
+  network transport nor ``httpx`` loaded (the app imports the transport only when built
+  without one), so reconstruct can build the pipeline with no network code present.
+- Against a real server on loopback: the body arrives byte for byte, in order; a refused
+  connection is ``UpstreamUnavailable``; a body cut mid-way is ``UpstreamCut``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import egress_proxy
+from egress_proxy.errors import UpstreamCut, UpstreamUnavailable
+from egress_proxy.transports.base import UpstreamRequest, header
+from egress_proxy.transports.mock import MockResponse, MockTransport
+from egress_proxy.transports.network import NetworkTransport
+from tests.egress_proxy.loopback import FakeUpstream, LoopbackServer, Script
+
+PACKAGE = Path(egress_proxy.__file__).resolve().parent
+HTTP_CLIENTS = re.compile(
+    r"^\s*(?:import|from)\s+(httpx\w*|aiohttp|requests|urllib3|urllib\.request|http\.client)\b",
+    re.MULTILINE,
+)
+
+
+def test_only_the_network_transport_imports_an_http_client() -> None:
+    importers = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        found = HTTP_CLIENTS.findall(path.read_text("utf-8"))
+        if found:
+            importers[path.relative_to(PACKAGE).as_posix()] = sorted(set(found))
+    assert importers == {"transports/network.py": ["httpx"]}
+    # ... and there only inside functions (or for type checking), never at import time.
+    source = (PACKAGE / "transports" / "network.py").read_text("utf-8")
+    assert not re.search(r"^(?:import|from)\s+httpx", source, re.MULTILINE)
+
+
+def test_importing_the_pipeline_loads_no_network_code() -> None:
+    probe = (
+        "import sys\n"
+        "import egress_proxy.pipeline, egress_proxy.app, egress_proxy.server\n"
+        "import egress_proxy.transports, egress_proxy.transports.mock, egress_proxy.recovery\n"
+        "bad = sorted(m for m in sys.modules if m == 'egress_proxy.transports.network'"
+        " or m.split('.')[0] in ('httpx', 'httpx2'))\n"
+        "print(bad)\n"
+    )
+    root = PACKAGE.parent
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=root, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def request(url: str, body: bytes = b"{}") -> UpstreamRequest:
+    return UpstreamRequest("POST", url, (("content-type", "application/json"),), body, 5.0, 2.0)
+
+
+async def fetch(transport: NetworkTransport, req: UpstreamRequest) -> tuple[int, bytes, str | None]:
+    response = await transport.send(req)
+    try:
+        body = b"".join([chunk async for chunk in response.body()])
+    finally:
+        await response.aclose()
+    return response.status, body, header(response.headers, "content-type")
+
+
+def test_network_transport_against_a_loopback_server() -> None:
+    stream = b'data: {"a":1}\r\n\r\n' * 50 + b"data: [DONE]\n\n"
+    upstream = FakeUpstream(
+        Script(chunks=[stream[i : i + 13] for i in range(0, len(stream), 13)], status=201)
+    )
+    upstream.script.content_type = "text/event-stream"
+
+    async def run(url: str) -> None:
+        transport = NetworkTransport()
+        try:
+            status, body, ctype = await fetch(transport, request(url + "/v1/x", b'{"k": 1}'))
+            assert (status, body, ctype) == (201, stream, "text/event-stream")
+            assert upstream.received[-1].body == b'{"k": 1}'
+            upstream.script = Script(chunks=[b"data: partial"], cut=True)
+            with pytest.raises(UpstreamCut):
+                await fetch(transport, request(url + "/v1/x"))
+        finally:
+            await transport.aclose()
+
+    with LoopbackServer(upstream) as server:
+        asyncio.run(run(server.url))
+
+
+def test_a_refused_connection_is_upstream_unavailable() -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there now
+
+    async def run() -> None:
+        transport = NetworkTransport()
+        try:
+            with pytest.raises(UpstreamUnavailable) as caught:
+                await transport.send(request(f"http://127.0.0.1:{port}/v1/x"))
+            assert caught.value.code == "upstream_unavailable"
+            assert caught.value.status == 502
+        finally:
+            await transport.aclose()
+
+    asyncio.run(run())
+
+
+def test_mock_transport_records_its_calls() -> None:
+    mock = MockTransport(lambda req: MockResponse(chunks=[b"a", b"b"], cut=True))
+
+    async def run() -> list[bytes]:
+        response = await mock.send(request("http://upstream/v1/x", b"body"))
+        got = []
+        with pytest.raises(UpstreamCut):
+            async for chunk in response.body():
+                got.append(chunk)
+        return got
+
+    assert asyncio.run(run()) == [b"a", b"b"]
+    assert [c.body for c in mock.calls] == [b"body"]
