@@ -1,0 +1,246 @@
+"""Cost of determinism: the embedded engine's decode speed with batch invariance on and off.
+
+Run from the repository root::
+
+    .venv/bin/python bench/determinism_cost.py            # full run, about a minute on 2 cores
+    .venv/bin/python bench/determinism_cost.py --quick    # smoke run, a few seconds after start-up
+
+Why in-process: it drives the code path the server runs, minus HTTP. Two
+:class:`inference.server.Engine` objects load the same model, one as ``engine serve``
+builds it (the start-up self-test picks the batch-invariant linear path) and one as
+``engine serve --no-batch-invariance`` builds it (stock ``F.linear``); each runs its own
+:class:`~inference.scheduler.Scheduler` thread. For each batch size B (1, 4, 16) the
+scheduler is paused, B jobs are queued (distinct prompts and seeds, temperature 0.7,
+strict cache scope, end tokens masked out so every sequence decodes exactly the same
+number of tokens), and it is resumed, so all B are admitted together and decode as one
+batch. Every token event is time-stamped on the scheduler thread:
+
+- ``tpot_ms``: the median gap between a sequence's consecutive tokens, over every
+  sequence of the batch (a median, because a 2-core machine shared with other work
+  stretches some steps; the mean is in ``tokens_per_s``);
+- ``tokens_per_s``: the decode tokens (all but each sequence's first, which comes from its
+  prefill) over the window from the last first token to the last token.
+
+Each figure is the median of the repeats. ``cost`` is TPOT on / TPOT off (1.0 = free),
+paired: on and off run back to back within a repeat (in alternating order), the ratio is
+taken per repeat and then the median, because other work on a shared machine comes and
+goes between repeats. Target: cost <= 1.1 at batch 16.
+For scale, the published costs of batch-invariant modes: vLLM 1.45x (H100), SGLang 1.34x.
+It prints one table and, last, one line of JSON holding every figure. It exits 0 whenever
+it ran: it is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inference.make_model import make_model
+from inference.sampling import SamplingParams
+from inference.scheduler import Event, Finished, Job
+from inference.server import Engine
+
+BATCH_SIZES = (1, 4, 16)
+TARGET_COST_AT_16 = 1.1
+REFERENCES = {"vllm_h100": 1.45, "sglang": 1.34}
+WORDS = ("the", "river", "stone", "city", "cat", "sat", "on", "mat", "sky", "light", "old")
+
+
+@dataclass
+class _Timeline:
+    """Token times of one sequence, written by the scheduler thread."""
+
+    stamps: list[float] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def sink(self, event: Event) -> None:
+        if isinstance(event, Finished):
+            if event.reason not in ("stop", "length"):
+                self.error = event.error or event.reason
+            self.done.set()
+        else:
+            self.stamps.append(time.perf_counter())
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One batch's decode speed."""
+
+    tokens_per_s: float
+    tpot_ms: float
+
+
+def _jobs(engine: Engine, batch: int, tokens: int, rng: random.Random) -> list[Job]:
+    mask = torch.ones(engine.model.config.vocab_size, dtype=torch.bool)
+    mask[list(engine.tokenizer.eos_token_ids)] = False
+    jobs = []
+    for _ in range(batch):
+        text = " ".join(rng.choices(WORDS, k=rng.randint(4, 16)))
+        prompt = engine.tokenizer.encode(
+            engine.tokenizer.render([{"role": "user", "content": text}])
+        )
+        seed = rng.randrange(2**31)
+        jobs.append(
+            Job(
+                prompt_ids=prompt,
+                params=SamplingParams(temperature=0.7, seed=seed),
+                seed=seed,
+                max_tokens=tokens,
+                allowed=mask,
+                scope=None,
+            )
+        )
+    return jobs
+
+
+def measure(engine: Engine, batch: int, tokens: int, rng: random.Random) -> Measure:
+    """Decode ``batch`` sequences of ``tokens`` tokens together; their decode speed."""
+    timelines = [_Timeline() for _ in range(batch)]
+    engine.scheduler.pause()
+    try:
+        for job, timeline in zip(_jobs(engine, batch, tokens, rng), timelines, strict=True):
+            engine.scheduler.submit(job, timeline.sink)
+    finally:
+        engine.scheduler.resume()
+    for timeline in timelines:
+        if not timeline.done.wait(600):
+            raise RuntimeError("a sequence did not finish within 600 s")
+        if timeline.error or len(timeline.stamps) != tokens:
+            raise RuntimeError(f"a sequence ended early: {timeline.error or len(timeline.stamps)}")
+    start = max(t.stamps[0] for t in timelines)
+    end = max(t.stamps[-1] for t in timelines)
+    decode_tokens = batch * (tokens - 1)
+    steps = [b - a for t in timelines for a, b in zip(t.stamps, t.stamps[1:], strict=False)]
+    tpot = statistics.median(steps)
+    return Measure(tokens_per_s=decode_tokens / (end - start), tpot_ms=1000 * tpot)
+
+
+def run(model_dir: Path, *, tokens: int, repeats: int, sizes: Sequence[int]) -> dict[str, Any]:
+    """Every figure of one run, as the closing JSON line holds them."""
+    engines = {
+        "on": Engine(model_dir, batch_invariance=True, max_batch=max(sizes)),
+        "off": Engine(model_dir, batch_invariance=False, max_batch=max(sizes)),
+    }
+    for engine in engines.values():
+        engine.start()
+    rng = random.Random(2024)
+    samples: dict[str, dict[int, list[Measure]]] = {m: {b: [] for b in sizes} for m in engines}
+    try:
+        for engine in engines.values():  # warm-up: allocator, kernels, thread pools
+            measure(engine, max(sizes), min(tokens, 8), rng)
+        for repeat in range(repeats):
+            order = ("on", "off") if repeat % 2 == 0 else ("off", "on")
+            for batch in sizes:
+                for mode in order:
+                    samples[mode][batch].append(measure(engines[mode], batch, tokens, rng))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    figures: dict[str, Any] = {}
+    for batch in sizes:
+        row: dict[str, Any] = {}
+        for mode in engines:
+            runs = samples[mode][batch]
+            row[mode] = {
+                "tokens_per_s": round(statistics.median(m.tokens_per_s for m in runs), 2),
+                "tpot_ms": round(statistics.median(m.tpot_ms for m in runs), 4),
+                "tpot_ms_repeats": [round(m.tpot_ms, 4) for m in runs],
+            }
+        pairs = zip(samples["on"][batch], samples["off"][batch], strict=True)
+        costs = [on.tpot_ms / off.tpot_ms for on, off in pairs]
+        row["cost"] = round(statistics.median(costs), 3)
+        row["cost_repeats"] = [round(c, 3) for c in costs]
+        row["throughput_ratio"] = round(row["off"]["tokens_per_s"] / row["on"]["tokens_per_s"], 3)
+        figures[str(batch)] = row
+    report = engines["on"].report
+    return {
+        "figures": figures,
+        "run": {
+            "model": model_dir.name,
+            "invariance_path": engines["on"].model.linear_path,
+            "self_test_passed": report.passed if report is not None else None,
+            "tokens": tokens,
+            "repeats": repeats,
+            "torch_threads": torch.get_num_threads(),
+            "cores": os.cpu_count(),
+        },
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    """Both modes side by side, the cost, and the published references beside it."""
+    lines = [
+        f"{'batch':>5}  {'tok/s on':>10}  {'tok/s off':>10}  {'tpot_ms on':>10}  "
+        f"{'tpot_ms off':>11}  {'cost':>6}  reference cost (published)"
+    ]
+    refs = f"vLLM {REFERENCES['vllm_h100']}x (H100), SGLang {REFERENCES['sglang']}x"
+    for batch, row in result["figures"].items():
+        on, off = row["on"], row["off"]
+        lines.append(
+            f"{batch:>5}  {on['tokens_per_s']:>10.1f}  {off['tokens_per_s']:>10.1f}  "
+            f"{on['tpot_ms']:>10.3f}  {off['tpot_ms']:>11.3f}  {row['cost']:>5.3f}x  "
+            f"{refs if batch == '16' else ''}"
+        )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="one short repeat (smoke run)")
+    parser.add_argument("--model", type=Path, help="model directory (default: the tiny model)")
+    args = parser.parse_args(argv)
+    tokens, repeats = (12, 1) if args.quick else (64, 11)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model
+        if model_dir is None:
+            model_dir = Path(scratch) / "tiny"
+            make_model(model_dir)
+        _log(
+            f"measuring {model_dir.name}: batches {BATCH_SIZES}, {tokens} tokens, {repeats} repeats"
+        )
+        result = run(model_dir, tokens=tokens, repeats=repeats, sizes=BATCH_SIZES)
+    result["run"]["mode"] = "quick" if args.quick else "full"
+    result["run"]["seconds"] = round(time.perf_counter() - started, 1)
+    cost16 = result["figures"]["16"]["cost"]
+    met = {"cost_at_16": cost16 <= TARGET_COST_AT_16}
+    print(table(result))
+    print()
+    run_info = result["run"]
+    print(
+        f"invariant path: {run_info['invariance_path']}; torch threads {run_info['torch_threads']}; "
+        f"{run_info['mode']} run, {run_info['seconds']:.1f} s"
+    )
+    if args.quick:
+        print("note: --quick runs one short repeat; its verdict is indicative only")
+    verdict = "met" if met["cost_at_16"] else "NOT met"
+    print(f"target cost at batch 16: {cost16:.3f}x against <= {TARGET_COST_AT_16}x: {verdict}")
+    targets = {"cost_at_16": TARGET_COST_AT_16}
+    print(
+        json.dumps(
+            {**result, "targets": targets, "references": REFERENCES, "met": met}, sort_keys=True
+        )
+    )
+    return 0
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,421 @@
+"""``affidavit engine serve``: the embedded engine behind an OpenAI-compatible HTTP API.
+
+Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``, and the debug
+endpoint ``GET /v1/engine/stats`` (scheduler and prefix-cache counters, the self-test).
+A request is validated (:mod:`inference.protocol`), rendered by the model's chat template,
+and handed to the :class:`~inference.scheduler.Scheduler` as a :class:`Job`; a
+:class:`Reply` assembles the answer from the events the scheduler streams back: one
+``chat.completion``, or ``chat.completion.chunk`` events and then a chunk-shaped event with
+``choices: []`` and the ``reproducibility`` block, before ``data: [DONE]``. Chunk framing
+is a function of the tokens alone, so a pinned stream is the same bytes on every run.
+
+**Prefix-cache scope.** Cached prefixes are only reused within one scope, derived in this
+order: the request's ``cache_salt``; else the ``X-Affidavit-Session`` header (one scope
+per session); else the ``user`` field; else one shared default scope for anonymous
+requests. ``strict_cache: true`` overrides them all: the request gets a single-use salt
+of the engine's own, and since such a salt can only miss, the engine skips the cache
+outright: the request neither reads nor leaves shared state (``kv_cache_mode`` ``strict``,
+``cached_tokens`` 0), and its bytes, which carry no salt, replay unchanged.
+
+**Tools.** ``tool_choice`` ``none`` masks the ``<tool_call>`` tag out of sampling;
+``auto`` samples freely and parses calls from the text afterwards; ``required`` or a named
+function constrain decoding with :class:`~inference.constrained.ToolCallGrammar`, so the
+arguments parse and match the schema unless ``max_tokens`` cuts them (``finish_reason``
+``length``). ``stop`` strings do not apply to constrained tool-call text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from inference.block import EngineInfo, Reply, reply_identity, reproducibility_block
+from inference.constrained import ToolCallGrammar, validate_tools
+from inference.invariant import InvarianceReport, self_test
+from inference.model import DecoderModel
+from inference.prefix_cache import PrefixCache, cache_scope
+from inference.protocol import (
+    ApiError,
+    ChatRequest,
+    ChoiceLogprobs,
+    ModelCard,
+    ModelList,
+    TokenLogprob,
+    TokenTable,
+    error_body,
+    ignored_fields,
+    json_bytes,
+    parse_clock,
+    parse_request,
+    plain_messages,
+    tool_mode,
+)
+from inference.sampling import SamplingParams, new_seed
+from inference.scheduler import Event, Finished, Job, Scheduler, Ticket, TokenEvent
+from inference.tokenizer import ChatTemplateError, ChatTokenizer
+from inference.weights import weights_digest
+from record.digest import prompt_digest
+
+__all__ = [
+    "SESSION_HEADER",
+    "Engine",
+    "collect",
+    "create_app",
+    "serve",
+    "stream",
+]
+
+log = logging.getLogger("affidavit.engine")
+
+SESSION_HEADER = "x-affidavit-session"
+TOOL_CALL_TAG = "<tool_call>"
+
+
+class Engine:
+    """The loaded model, its tokenizer, the self-test's verdict and the scheduler."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        batch_invariance: bool = True,
+        model_name: str | None = None,
+        max_batch: int = 64,
+        prefix_cache_tokens: int = 65536,
+    ) -> None:
+        root = Path(model_dir)
+        self.model = DecoderModel.load(root)
+        self.report: InvarianceReport | None = None
+        if batch_invariance:
+            self.report = self_test(self.model)
+        else:
+            self.model.linear_path = "stock"
+        self.tokenizer = ChatTokenizer.from_dir(root)
+        self.tokens = TokenTable.load(root, self.model.config.vocab_size)
+        self.name = model_name or root.resolve().name
+        self.context = self.model.config.max_position_embeddings
+        self.info = EngineInfo.collect(
+            model=self.name,
+            weights_digest=weights_digest(root),
+            invariance_path=self.model.linear_path,
+            batch_invariance=self.report is not None and self.report.passed,
+        )
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self.scheduler = Scheduler(
+            self.model,
+            decode_text=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            eos_token_ids=self.tokenizer.eos_token_ids,
+            prefix_cache=self.prefix_cache,
+            max_batch=max_batch,
+        )
+        tag = self.tokenizer.token_to_id(TOOL_CALL_TAG)
+        self._no_tool_calls: torch.Tensor | None = None
+        if tag is not None:
+            self._no_tool_calls = torch.ones(self.model.config.vocab_size, dtype=torch.bool)
+            self._no_tool_calls[tag] = False
+
+    def start(self) -> Engine:
+        """Start the scheduler thread."""
+        self.scheduler.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the scheduler thread."""
+        self.scheduler.close()
+
+    def stats(self) -> dict[str, Any]:
+        """The debug endpoint's body."""
+        return {
+            "scheduler": asdict(self.scheduler.stats()),
+            "prefix_cache": asdict(self.prefix_cache.stats()),
+            "engine": self.info.to_dict(),
+            "self_test": self.report.to_dict() if self.report is not None else None,
+        }
+
+    def prepare(self, body: bytes, headers: Mapping[str, str]) -> tuple[Job, Reply]:
+        """Validate a request and turn it into a scheduler job and its reply's frame."""
+        request, raw = parse_request(body)
+        extra = ignored_fields(request)
+        if extra:
+            log.debug("ignoring request fields this engine does not implement: %s", extra)
+        if request.model != self.name:
+            raise ApiError(
+                f"model {request.model!r} does not exist; this engine serves {self.name!r}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        tools = self._tools(request)
+        mode, choice = tool_mode(request.tool_choice, tools)
+        clock = parse_clock(request.clock) if request.clock is not None else None
+        try:
+            text = self.tokenizer.render(plain_messages(request.messages), tools=tools, now=clock)
+        except ChatTemplateError as exc:
+            raise ApiError(str(exc), param="messages") from None
+        prompt_ids = self.tokenizer.encode(text)
+        max_tokens = self._max_tokens(request, len(prompt_ids))
+        seed = request.seed if request.seed is not None else new_seed()
+        params = SamplingParams(
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            seed=seed,
+            logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs or 0,
+        )
+        constrained = mode in ("required", "named")
+        grammar = self._grammar(tools, choice) if constrained and tools else None
+        job = Job(
+            prompt_ids=prompt_ids,
+            params=params,
+            seed=seed,
+            max_tokens=max_tokens,
+            stop=() if constrained else request.stop_strings(),
+            hold=(TOOL_CALL_TAG,) if mode == "auto" and tools else (),
+            allowed=self._no_tool_calls if mode == "none" and tools else None,
+            constraint=grammar,
+            scope=cache_scope(
+                strict=request.strict_cache,
+                cache_salt=request.cache_salt,
+                session=headers.get(SESSION_HEADER),
+                user=request.user,
+            ),
+            stream_text=not constrained,
+        )
+        identity = reply_identity(body, pinned=request.seed is not None, clock=clock)
+        digest = prompt_digest(raw)
+        block = reproducibility_block(
+            self.info,
+            request_id=identity.request_id,
+            seed=seed,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            max_tokens=max_tokens,
+            clock=request.clock,
+            kv_cache_mode="strict" if request.strict_cache else "shared",
+            cached_tokens=0,
+            batch_peers_max=0,
+            prompt_digest=digest,
+        )
+        reply = Reply(
+            identity=identity,
+            model=request.model,
+            fingerprint=self.info.system_fingerprint,
+            block=block,
+            tool_mode=mode if tools else "none",
+            grammar=grammar,
+            prompt_digest=digest,
+            seed=seed,
+            logprobs=request.logprobs,
+            stream=request.stream,
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            tokens=self.tokens,
+        )
+        return job, reply
+
+    def _grammar(self, tools: list[dict[str, Any]], choice: Any) -> ToolCallGrammar:
+        try:
+            return ToolCallGrammar(
+                tools,
+                choice,
+                self.tokens.texts,
+                self.tokenizer.eos_token_ids,
+                forbidden_token_ids=sorted(self.tokens.special),
+            )
+        except ValueError as exc:
+            raise ApiError(f"invalid tools: {exc}", param="tools", code="invalid_tools") from None
+
+    def _tools(self, request: ChatRequest) -> list[dict[str, Any]] | None:
+        if not request.tools:
+            return None
+        try:
+            return validate_tools(request.tools)
+        except ValueError as exc:
+            raise ApiError(f"invalid tools: {exc}", param="tools", code="invalid_tools") from None
+
+    def _max_tokens(self, request: ChatRequest, prompt_tokens: int) -> int:
+        room = self.context - prompt_tokens
+        if room < 1:
+            raise ApiError(
+                f"the prompt is {prompt_tokens} tokens; the context holds {self.context}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        wanted = request.requested_max_tokens()
+        if wanted is not None and wanted > room:
+            raise ApiError(
+                f"max_tokens {wanted} plus the prompt's {prompt_tokens} tokens exceeds the "
+                f"context of {self.context} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return wanted if wanted is not None else room
+
+
+def _failure(done: Finished) -> ApiError:
+    return ApiError(
+        done.error or "generation failed", status=500, code="engine_error", type="server_error"
+    )
+
+
+async def collect(
+    reply: Reply, events: asyncio.Queue[Event], disconnected: Callable[[], Awaitable[bool]]
+) -> tuple[int, bytes]:
+    """Wait for the end of a sequence: the status and body of the JSON reply.
+
+    Every :data:`_DISCONNECT_POLL_S` it asks whether the client is still there (499, and the
+    caller frees the slot, if not), however fast tokens arrive.
+    """
+    loop = asyncio.get_running_loop()
+    entries: list[TokenLogprob] = []
+    check_at = loop.time() + _DISCONNECT_POLL_S
+    while True:
+        try:
+            event = await asyncio.wait_for(events.get(), max(0.0, check_at - loop.time()))
+        except TimeoutError:
+            event = None
+        if loop.time() >= check_at:
+            if await disconnected():
+                return 499, b""
+            check_at = loop.time() + _DISCONNECT_POLL_S
+        if event is None:
+            continue
+        if isinstance(event, TokenEvent):
+            if reply.logprobs:
+                entries.append(reply.tokens.logprob(event.token))
+            continue
+        if event.reason in ("error", "cancelled"):
+            failure = _failure(event)
+            return failure.status, json_bytes(failure.body())
+        return 200, json_bytes(reply.completion(event, entries).model_dump(mode="json"))
+
+
+async def stream(
+    reply: Reply, events: asyncio.Queue[Event], ticket: Ticket
+) -> AsyncIterator[bytes]:
+    """The SSE events of a reply, ``data: [DONE]`` last; frees the slot however it ends."""
+    try:
+        async for chunk in _events(reply, events):
+            yield chunk
+    finally:
+        ticket.cancel()
+
+
+async def _events(reply: Reply, events: asyncio.Queue[Event]) -> AsyncIterator[bytes]:
+    text_mode = reply.grammar is None
+    yield reply.chunk({"role": "assistant", "content": "" if text_mode else None})
+    sent = ""
+    while True:
+        event = await events.get()
+        if isinstance(event, TokenEvent):
+            logprobs = None
+            if reply.logprobs:
+                logprobs = ChoiceLogprobs(content=[reply.tokens.logprob(event.token)])
+            if event.text or logprobs is not None:
+                yield reply.chunk({"content": event.text} if text_mode else {}, logprobs=logprobs)
+                sent += event.text
+            continue
+        break
+    if event.reason in ("error", "cancelled"):
+        yield b"data: " + json_bytes(_failure(event).body()) + b"\n\n"
+        yield _DONE
+        return
+    if event.tail:
+        yield reply.chunk({"content": event.tail})
+        sent += event.tail
+    content, tool_calls, reason = reply.outcome(event)
+    if tool_calls and content and content.startswith(sent) and len(content) > len(sent):
+        yield reply.chunk({"content": content[len(sent) :]})
+    if tool_calls:
+        calls = [{"index": i, **c.model_dump(mode="json")} for i, c in enumerate(tool_calls)]
+        yield reply.chunk({"tool_calls": calls})
+    yield reply.chunk({}, finish_reason=reason)
+    yield reply.trailer(event)
+    yield _DONE
+
+
+_DONE = b"data: [DONE]\n\n"
+_DISCONNECT_POLL_S = 0.5
+
+
+def _error_response(exc: ApiError) -> Response:
+    return Response(json_bytes(exc.body()), status_code=exc.status, media_type="application/json")
+
+
+def create_app(engine: Engine) -> FastAPI:
+    """The FastAPI app over a started :class:`Engine` (the caller owns its lifecycle)."""
+    app = FastAPI(title="affidavit embedded engine", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        body = error_body(str(exc.detail), type="invalid_request_error", param=None, code=None)
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("request failed")
+        body = error_body(f"internal error: {exc}", type="server_error", param=None, code=None)
+        return JSONResponse(body, status_code=500)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return ModelList(data=[ModelCard(id=engine.name)]).model_dump()
+
+    @app.get("/v1/engine/stats")
+    async def stats() -> dict[str, Any]:
+        return engine.stats()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.body()
+        try:  # off the event loop: rendering, tokenizing and grammar set-up take a while
+            job, reply = await run_in_threadpool(engine.prepare, body, request.headers)
+        except ApiError as exc:
+            return _error_response(exc)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        ticket = engine.scheduler.submit(job, sink)
+        if reply.stream:
+            return StreamingResponse(stream(reply, events, ticket), media_type="text/event-stream")
+        try:
+            status, payload = await collect(reply, events, request.is_disconnected)
+        finally:
+            ticket.cancel()
+        return Response(payload, status_code=status, media_type="application/json")
+
+    return app
+
+
+def serve(
+    engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+) -> None:
+    """Bind, print the address (port 0 picks a free one), and serve until interrupted."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level=log_level))
+    engine.start()
+    print(f"affidavit engine serving {engine.name!r} on http://{host}:{bound}", flush=True)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()
+        sock.close()

@@ -1,0 +1,45 @@
+"""The determinism-cost benchmark runs end to end and keeps its promised output shape.
+
+Its figures are measurements, not assertions: this checks the table, the published
+references beside it and the closing JSON line, never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the benchmark drives the engine: `engine` extra")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_determinism_cost_quick_prints_one_table_and_a_json_line() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "determinism_cost.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    report = json.loads(lines[-1])
+    assert set(report) == {"figures", "run", "targets", "references", "met"}
+    assert set(report["figures"]) == {"1", "4", "16"}
+    for batch, row in report["figures"].items():
+        for mode in ("on", "off"):
+            assert row[mode]["tokens_per_s"] > 0 and row[mode]["tpot_ms"] > 0, (batch, mode)
+        assert row["cost"] > 0 and row["throughput_ratio"] > 0, batch
+    assert report["references"] == {"vllm_h100": 1.45, "sglang": 1.34}
+    assert report["targets"] == {"cost_at_16": 1.1} and set(report["met"]) == {"cost_at_16"}
+    assert report["run"]["mode"] == "quick" and report["run"]["self_test_passed"] is True
+    header = [line for line in lines if line.startswith("batch")]
+    assert len(header) == 1, "one table"
+    rows = [line.split() for line in lines if line.split()[:1] in (["1"], ["4"], ["16"])]
+    assert [r[0] for r in rows] == ["1", "4", "16"]
+    assert "vLLM 1.45x" in next(line for line in lines if line.lstrip().startswith("16 "))
