@@ -39,6 +39,7 @@ system-deps:
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_append.py
+	$(BIN)/python bench/determinism_cost.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
