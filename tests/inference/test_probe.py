@@ -131,6 +131,19 @@ def test_probe_finds_the_embedded_engine_bit_identical_in_every_batch(
     assert rows[8]["batch_formed"] >= 1 and 1 <= rows[8]["peers_max"] <= 7, rows[8]
 
 
+def test_probe_default_sizes_twelve_probes_each_all_bit_identical(
+    engine_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The acceptance run: 12 probes at each of 1, 2, 8 and 32 (short replies keep it quick)."""
+    assert main(["probe", "--url", engine_url, "--max-tokens", "4", "--json"]) == 0
+    rows = {row["batch_size"]: row for row in json.loads(capsys.readouterr().out)["rows"]}
+    assert sorted(rows) == [1, 2, 8, 32]
+    for size, row in rows.items():
+        assert row["probes"] == 12 and row["identical"] == 12, row
+        if size > 1:  # the batch really formed: the engine reports its decode-step peers
+            assert row["batch_formed"] >= 1 and row["peers_max"] >= 1, row
+
+
 def test_probe_prints_a_table(engine_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = ["probe", "--url", engine_url + "/v1/", "--probes", "2", "--batch-sizes", "1,4"]
     assert main([*args, "--max-tokens", "4", "--model", "tiny"]) == 0
