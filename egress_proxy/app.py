@@ -12,19 +12,25 @@ checks is fixed, and each refusal is a JSON error with a stable ``code``:
    call (its input digest, outcome ``FAILED``), not sent.
 
 Everything else goes through the pipeline. This module holds no recording logic; it reads
-the body, builds the ``Call`` and turns the ``Reply`` into an HTTP response.
+the body, builds the ``Call`` and turns the ``Reply`` into an HTTP response. The tool routes,
+``/s/{session}/mcp/{server}`` (``mcp_gateway``, imported only when ``mcp_servers`` is set) and
+``/s/{session}/v1/fetch`` (``fetch``, when enabled), are registered ahead of the model route.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
+from egress_proxy.clock import Clock
 from egress_proxy.config import ProxyConfig, api_keys
 from egress_proxy.errors import (
     BodyTooLarge,
@@ -34,11 +40,15 @@ from egress_proxy.errors import (
     ProxyError,
     UpstreamError,
 )
+from egress_proxy.fetch import ExactTransport, Fetcher
 from egress_proxy.pipeline import Call, TaskSet, Upstream, build_pipeline, record_refusal
 from egress_proxy.providers import CREDENTIAL_HEADERS, DIALECTS, parse_request, relayed
 from egress_proxy.sessions import SessionRegistry, token_from_headers
 from egress_proxy.transports.base import Transport
 from record.log import Log
+
+if TYPE_CHECKING:
+    from egress_proxy.mcp_gateway import McpGateway
 
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 #: How long shutdown waits for replies still being read, so they are committed.
@@ -62,6 +72,8 @@ def upstreams(config: ProxyConfig, keys: Mapping[str, str | None]) -> dict[str, 
             api_version=provider.api_version,
             timeout_s=provider.timeout_s,
             connect_timeout_s=provider.connect_timeout_s,
+            engine_extensions=provider.engine_extensions,
+            inject_clock=provider.inject_clock,
         )
     return result
 
@@ -86,21 +98,28 @@ def create_app(
     registry: SessionRegistry | None = None,
     transport: Transport | None = None,
     env: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
 ) -> FastAPI:
     """The data-plane app. Fails here, at start, if a provider's API key is not set.
 
-    With no ``transport`` it dials the network (``transports.network``, imported only then).
+    With no ``transport`` it dials the network (``transports.network``, imported only then);
+    with no ``clock`` it reads the system clock.
     """
     routes = upstreams(config, api_keys(config, env))
     registry = registry if registry is not None else SessionRegistry(log)
     dialer = transport if transport is not None else _network_transport()
     tasks = TaskSet()
-    pipeline = build_pipeline(log, dialer, tasks)
+    pipeline = build_pipeline(log, dialer, tasks, clock)
+    gateway = _mcp_gateway(config, log, registry, env)
+    fetcher = Fetcher(log, _exact(dialer), config.fetch) if config.fetch.enabled else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        await tasks.drain(DRAIN_SECONDS)  # replies still being read get committed first
+        async with AsyncExitStack() as stack:
+            if gateway is not None:  # tool calls in flight finish before the upstreams stop
+                await stack.enter_async_context(gateway.running())
+            yield
+            await tasks.drain(DRAIN_SECONDS)  # replies still being read get committed first
         await dialer.aclose()
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
@@ -121,6 +140,21 @@ def create_app(
         if exc.status_code == 405:
             return error_response(MethodNotAllowed("method not allowed here"))
         return error_response(NotFound("no such route"))
+
+    if gateway is not None:  # an ASGI endpoint: every method reaches the gateway's own checks
+        app.router.routes.append(Route("/s/{session_id}/mcp/{server}", gateway))
+
+    @app.api_route("/s/{session_id}/v1/fetch", methods=_METHODS)
+    async def fetch_route(session_id: str, request: Request) -> Response:
+        session = registry.authenticate(session_id, token_from_headers(request.headers))
+        if fetcher is None:
+            raise NotFound("fetch is not enabled on this proxy")
+        if request.method != "POST":
+            raise MethodNotAllowed(f"/v1/fetch takes POST, not {request.method}")
+        raw = await read_body(request, config.max_body_bytes)
+        answer = await asyncio.shield(tasks.spawn(fetcher.fetch(session, raw)))
+        headers = _record_headers(session.id, answer.request_seq)
+        return Response(answer.body, answer.status, headers, media_type="application/json")
 
     @app.api_route("/s/{session_id}/{path:path}", methods=_METHODS)
     async def session_route(session_id: str, path: str, request: Request) -> Response:
@@ -157,6 +191,27 @@ def create_app(
         raise NotFound(f"/{path} is not under a session path /s/{{session}}/")
 
     return app
+
+
+def _mcp_gateway(
+    config: ProxyConfig, log: Log, registry: SessionRegistry, env: Mapping[str, str] | None
+) -> McpGateway | None:
+    """Imported here, only when tool servers are configured: the SDK brings its HTTP client."""
+    if not config.mcp_servers:
+        return None
+    from egress_proxy.mcp_gateway import McpGateway
+
+    environ = os.environ if env is None else env
+    return McpGateway(
+        config.mcp_servers, log, registry, env=environ, max_body_bytes=config.max_body_bytes
+    )
+
+
+def _exact(transport: Transport) -> ExactTransport:
+    """Fetch sends exact bytes: only a transport that can (``transports.network``) will do."""
+    if not isinstance(transport, ExactTransport):
+        raise TypeError(f"{type(transport).__name__} cannot send a fetch as exact bytes")
+    return transport
 
 
 def _network_transport() -> Transport:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from egress_proxy.errors import ConfigError, ConfigMissing
+from egress_proxy.tool_config import FetchConfig, McpServers
 from record.schema import describe
 
 #: The data-plane routes a provider can be mounted on, and the wire dialect each one speaks.
@@ -55,6 +56,16 @@ class ProviderConfig(_Model):
     api_version: str | None = None  # anthropic: the anthropic-version header sent upstream
     timeout_s: float = Field(600.0, gt=0)  # the whole reply, streamed or not
     connect_timeout_s: float = Field(10.0, gt=0)
+    # An affidavit engine or its vLLM front: it takes the request members ``clock`` and
+    # ``strict_cache``, which other upstreams would refuse or ignore.
+    engine_extensions: bool = False
+    inject_clock: bool = True  # put the clock into every prompt sent to this provider
+
+    @model_validator(mode="after")
+    def _extensions_are_openai(self) -> ProviderConfig:
+        if self.engine_extensions and self.api != "openai":
+            raise ValueError('engine_extensions: only an api = "openai" provider has them')
+        return self
 
     @field_validator("base_url")
     @classmethod
@@ -78,6 +89,8 @@ class ProxyConfig(_Model):
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, le=256 * 1024 * 1024)
     providers: dict[str, ProviderConfig] = Field(min_length=1)
     mounts: dict[Route, str] = Field(default_factory=dict)
+    mcp_servers: McpServers = Field(default_factory=dict)  # tool servers: see tool_config
+    fetch: FetchConfig = FetchConfig()
 
     @field_validator("providers")
     @classmethod

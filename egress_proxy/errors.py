@@ -10,12 +10,17 @@
     │   ├── MethodNotAllowed    405 method_not_allowed
     │   ├── Unauthorized        401 unauthorized: unknown session or wrong token (one answer for both)
     │   ├── BodyTooLarge        413 body_too_large: over ``max_body_bytes``; never read to the end
-    │   └── MalformedBody       400 malformed_json: not one I-JSON object; recorded as FAILED
+    │   ├── MalformedBody       400 malformed_json: not one I-JSON object; recorded as FAILED
+    │   │   └── MalformedFetch  400 malformed_fetch: JSON, but not a fetch request the proxy sends
+    │   └── ReplyNotCommitted   409 reply_not_committed: a tool call naming no committed model
+    │                           reply of its session; recorded as a FAILED tool call
     ├── RecordUnavailable       503 record_unavailable: the request could not be made durable, so
     │                           it was not sent (the record comes first, always)
     └── UpstreamError           the upstream gave no whole reply (exit 3); recorded as UNKNOWN
         ├── UpstreamUnavailable 502 upstream_unavailable: no response (connect, TLS, timeout)
-        └── UpstreamCut         502 upstream_cut: the response stopped before its end
+        ├── UpstreamCut         502 upstream_cut: the response stopped before its end
+        └── ResponseTooLarge    502 response_too_large: a fetched body over
+                                ``fetch.max_response_bytes``; recorded as FAILED
 
 A provider's own error reply (a 4xx or 5xx with a body) is *not* a ``ProxyError``: the proxy
 relays it verbatim with the same status and records it as ``FAILED``. Transports translate
@@ -85,6 +90,15 @@ class MalformedBody(Refused):
     status = 400
 
 
+class MalformedFetch(MalformedBody):
+    code = "malformed_fetch"
+
+
+class ReplyNotCommitted(Refused):
+    code = "reply_not_committed"
+    status = 409
+
+
 class RecordUnavailable(ProxyError):
     code = "record_unavailable"
     status = 503
@@ -103,3 +117,7 @@ class UpstreamUnavailable(UpstreamError):
 
 class UpstreamCut(UpstreamError):
     code = "upstream_cut"
+
+
+class ResponseTooLarge(UpstreamError):
+    code = "response_too_large"

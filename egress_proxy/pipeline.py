@@ -2,10 +2,14 @@
 
     Stage = async (call, next) -> Reply
 
-The default chain, outermost first: ``annotate → pins → identity → capture → dial``.
+The default chain, outermost first:
+``annotate → pins → clock → tool_ids → identity → capture → dial``.
 
-- ``pins`` sets the session's pins on the request; only then is it re-serialised (RFC 8785),
-  so an unpinned request goes upstream as the very bytes the client sent.
+- ``pins`` sets the session's pins on the request (``egress_proxy.pins``); ``clock`` samples
+  the clock once and puts it into the prompt (``egress_proxy.clock``); ``tool_ids`` turns
+  the derived tool-call ids the session issued, quoted back by the client, into the
+  upstream's own. A stage that changes the request re-serialises it (RFC 8785); a request
+  no stage changed goes upstream as the very bytes the client sent.
 - ``identity`` appends ``model.request`` (content key over the bytes it will send, input
   digest over the bytes as received, prompt digest over the canonical prompt of the request
   it will send) and waits until it is durable. Only then does it call ``next``.
@@ -16,6 +20,9 @@ The default chain, outermost first: ``annotate → pins → identity → capture
   event, and once the reply is committed sends the proxy's annotation and then the held
   bytes; a non-streamed JSON reply gets a top-level ``affidavit`` member. A provider's error
   reply passes through untouched.
+- ``tool_ids``, on the way back in a pinned session, delivers derived tool-call ids in place
+  of the upstream's (``egress_proxy.tool_ids``); ``capture`` has already kept the upstream's
+  bytes, and records the mapping beside them.
 - ``dial`` is the only stage that uses a transport.
 
 This module imports no web framework and no HTTP client: reconstruct can build the same
@@ -29,18 +36,17 @@ import base64
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
+from pydantic import JsonValue
+
+from egress_proxy.clock import Clock, inject_clock
 from egress_proxy.errors import ProxyError, RecordUnavailable, UpstreamCut, UpstreamUnavailable
-from egress_proxy.providers import (
-    Dialect,
-    apply_pins,
-    params_of,
-    reply_facts,
-    splice_member,
-)
+from egress_proxy.pins import PinOutcome, apply_pins
+from egress_proxy.providers import Dialect, params_of, reply_facts, splice_member
 from egress_proxy.sessions import Session
 from egress_proxy.sse import Event, EventSplitter, parse_event
+from egress_proxy.tool_ids import RECORD_KEY, Deriver, map_back
 from egress_proxy.transports.base import Transport, UpstreamRequest, header
 from record.digest import Domain, canonical_json, digest, prompt_bytes
 from record.log import Appended, Log
@@ -60,6 +66,16 @@ class Upstream:
     api_version: str | None = None  # as configured; the dialect may fill in a default
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
+    engine_extensions: bool = False  # takes ``clock`` and ``strict_cache`` request members
+    inject_clock: bool = True
+
+
+@dataclass(frozen=True)
+class ToolIds:
+    """A pinned call derives its reply's tool-call ids with this seed (and the prompt digest
+    ``identity`` computes); set by ``tool_ids``, read by ``capture`` for the record."""
+
+    seed: int | None
 
 
 @dataclass
@@ -73,11 +89,19 @@ class Call:
     request: dict[str, Any]
     request_bytes: bytes
     api_version: str | None = None
-    pins: dict[str, Any] | None = None
+    pins: dict[str, Any] | None = None  # the pins set on the request (``ModelRequest.pins``)
+    pin_outcome: PinOutcome | None = None  # what ``pins`` did, for the annotation
     clock: str | None = None
+    tool_ids: ToolIds | None = None  # set in pinned sessions: derive tool-call ids
+    tool_call_ids: list[tuple[str, str]] | None = None  # (upstream, derived), once committed
     request_seq: int | None = None
     content_key: str | None = None
     prompt_digest: str | None = None
+
+    def rewrite(self, request: dict[str, Any]) -> None:
+        """Replace the request a stage changed, and the bytes that will be sent with it."""
+        self.request = request
+        self.request_bytes = canonical_json(request)
 
 
 @dataclass(frozen=True)
@@ -141,20 +165,88 @@ def _bind(stage: Stage, nxt: Handler) -> Handler:
     return bound
 
 
-def build_pipeline(log: Log, transport: Transport, tasks: TaskSet) -> Handler:
-    """The live chain: every call recorded before it is dialed, every reply after."""
-    return compose([annotate, pins, identity(log), capture(log, tasks)], dial(transport))
+def build_pipeline(
+    log: Log, transport: Transport, tasks: TaskSet, clock: Clock | None = None
+) -> Handler:
+    """The live chain: every call recorded before it is dialed, every reply after.
+
+    ``clock`` is where the time is read (default: the system clock); tests fix it.
+    """
+    stages = [
+        annotate,
+        pins,
+        clock_stage(clock if clock is not None else Clock.system()),
+        tool_ids,
+        identity(log),
+        capture(log, tasks),
+    ]
+    return compose(stages, dial(transport))
 
 
 # -- request stages ----------------------------------------------------------------------------
 
 
 async def pins(call: Call, next: Handler) -> Reply:
-    request, applied = apply_pins(call.upstream.dialect, call.request, call.session.pins)
-    if applied is not None:
-        call.request, call.pins = request, applied
-        call.request_bytes = canonical_json(request)
+    """Set the session's pins (read once: a ``set_pins`` meanwhile applies to the next call)."""
+    up = call.upstream
+    outcome = apply_pins(
+        up.dialect,
+        call.request,
+        call.session.pins,
+        provider=up.name,
+        engine_extensions=up.engine_extensions,
+    )
+    call.pin_outcome = outcome
+    if outcome.session is not None:
+        call.pins = outcome.applied
+        if outcome.applied:
+            call.rewrite(outcome.request)
     return await next(call)
+
+
+def clock_stage(clock: Clock) -> Stage:
+    """Sample the clock once for this call and put it into the prompt (unless the provider's
+    config says ``inject_clock = false``); a session's own clock, if set, wins."""
+
+    async def stage(call: Call, next: Handler) -> Reply:
+        up = call.upstream
+        if up.inject_clock:
+            now = (call.session.clock or clock).sample()
+            sent = inject_clock(
+                up.dialect.name, call.request, now, engine_field=up.engine_extensions
+            )
+            if sent is not None:
+                call.clock = now
+                call.rewrite(sent)
+        return await next(call)
+
+    return stage
+
+
+async def tool_ids(call: Call, next: Handler) -> Reply:
+    """Upstream ids go out for derived ids the session issued (even after it is unpinned);
+    in a pinned session, derived ids come back to the client in place of the upstream's."""
+    session = call.session
+    dialect = call.upstream.dialect.name
+    back = map_back(dialect, call.request, session.tool_ids)
+    if back is not None:
+        call.rewrite(back)
+    # The pins the ``pins`` stage read, so a ``set_pins`` meanwhile cannot split the call.
+    in_force = call.pin_outcome.session if call.pin_outcome is not None else session.pins
+    if not in_force:
+        return await next(call)
+    seed = call.request.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        pinned = in_force.get("seed")
+        seed = pinned if isinstance(pinned, int) and not isinstance(pinned, bool) else None
+    call.tool_ids = ToolIds(seed)
+    reply = await next(call)
+    if reply.committed is None or not 200 <= reply.status < 300:
+        return reply
+    assert call.prompt_digest is not None, "identity ran"
+    deriver = Deriver(dialect, call.prompt_digest, seed, on_new=session.tool_ids.add)
+    body = deriver.rewrite_stream(reply.body) if reply.is_sse else deriver.rewrite_whole(reply.body)
+    return replace(reply, body=body)
 
 
 def identity(log: Log) -> Stage:
@@ -284,15 +376,18 @@ class _Pump:
         seq, status = self.call.request_seq, self.reply.status
         if cut is not None:  # what arrived before the cut, kept as evidence
             kept = body or None
+            ids = self._with_tool_call_ids(None, body) if kept and 200 <= status < 300 else None
             return ModelResponse(
                 request_seq=seq,
                 outcome="UNKNOWN",
                 status=status,
                 response_bytes=kept,
                 response_digest=digest(Domain.RESPONSE, body) if kept else None,
+                reproducibility=ids,  # ids delivered before the cut, if any
             )
         if 200 <= status < 300:
             fingerprint, block = reply_facts(body, self.reply.is_sse)
+            block = self._with_tool_call_ids(block, body)
             return ModelResponse(
                 request_seq=seq,
                 outcome="COMMITTED",
@@ -309,6 +404,24 @@ class _Pump:
             error_bytes=body,
             error_digest=digest(Domain.ERROR, body),
         )
+
+    def _with_tool_call_ids(
+        self, block: dict[str, JsonValue] | None, body: bytes
+    ) -> dict[str, JsonValue] | None:
+        """``block`` plus a pinned reply's tool-call id mapping, read from the whole body (so
+        it holds whatever the client read); the session's table learns the ids too."""
+        call = self.call
+        if call.tool_ids is None or call.prompt_digest is None:
+            return block
+        table = call.session.tool_ids
+        deriver = Deriver(
+            call.upstream.dialect.name, call.prompt_digest, call.tool_ids.seed, on_new=table.add
+        )
+        call.tool_call_ids = deriver.scan(body, self.reply.is_sse) or None
+        if call.tool_call_ids is None:
+            return block
+        pairs = [{"upstream": u, "derived": d} for u, d in call.tool_call_ids]
+        return {**(block or {}), RECORD_KEY: cast(list[JsonValue], pairs)}
 
     async def read(self) -> AsyncIterator[bytes]:
         try:
@@ -367,6 +480,8 @@ def annotation(call: Call, committed: Committed) -> dict[str, Any]:
     """What the client learns once its reply is durable (see ``docs/proxy.md``)."""
     appended = committed.appended
     note = call.session.latest_checkpoint
+    pinned = call.pin_outcome if call.pin_outcome is not None else PinOutcome(call.request)
+    mapping = call.tool_call_ids
     return {
         "stream": appended.stream,
         "request_seq": call.request_seq,
@@ -375,8 +490,12 @@ def annotation(call: Call, committed: Committed) -> dict[str, Any]:
         "content_key": call.content_key,
         "prompt_digest": call.prompt_digest,
         "response_digest": committed.response_digest,
-        "pins": call.pins,
+        "pins": pinned.session,
+        "pins_applied": call.pins,
+        "pins_not_applied": pinned.not_applied,
+        "pins_overrode": pinned.overrode,
         "clock": call.clock,
+        "tool_call_ids": [{"upstream": u, "derived": d} for u, d in mapping] if mapping else None,
         "tree_size": appended.tree_size,
         "root_hash": base64.b64encode(appended.root_hash).decode("ascii"),
         "checkpoint": note.decode("utf-8") if note is not None else None,

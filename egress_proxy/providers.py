@@ -44,7 +44,7 @@ USER_AGENT = "affidavit-egress-proxy/0.1"
 class Dialect:
     name: Literal["openai", "anthropic"]
     route: str
-    pinnable: frozenset[str]
+    pinnable: frozenset[str]  # the sampling pins its API has (``egress_proxy.pins``)
 
     def api_version(self, client: Mapping[str, str], configured: str | None) -> str | None:
         """The API version sent (Anthropic) and recorded as ``provider.api_version``."""
@@ -160,16 +160,6 @@ def parse_request(raw: bytes) -> dict[str, Any]:
 def params_of(request: Mapping[str, Any]) -> dict[str, JsonValue]:
     """The request's parameters as sent: every top-level member that is not prompt."""
     return {k: v for k, v in request.items() if k not in PROMPT_FIELDS}
-
-
-def apply_pins(
-    dialect: Dialect, request: dict[str, Any], pins: Mapping[str, JsonValue] | None
-) -> tuple[dict[str, Any], dict[str, JsonValue] | None]:
-    """The request with the session's pins set, and the pins that touched it (or None)."""
-    applied = {k: v for k, v in (pins or {}).items() if k in dialect.pinnable}
-    if not applied:
-        return request, None
-    return {**request, **applied}, applied
 
 
 def splice_member(body: bytes, name: str, value: Any) -> bytes | None:

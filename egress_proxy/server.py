@@ -18,6 +18,7 @@ from types import TracebackType
 import uvicorn
 
 from egress_proxy.app import create_app
+from egress_proxy.clock import Clock
 from egress_proxy.config import ProxyConfig
 from egress_proxy.recovery import Recovered, recover_unknown
 from egress_proxy.sessions import SessionRegistry
@@ -34,6 +35,7 @@ class ProxyServer:
         transport: Transport | None = None,
         env: Mapping[str, str] | None = None,
         port: int | None = None,
+        clock: Clock | None = None,
     ) -> None:
         host = config.listen.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -44,7 +46,9 @@ class ProxyServer:
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
         self.log = log
         self.registry = SessionRegistry(log, self.url)
-        self.app = create_app(config, log, registry=self.registry, transport=transport, env=env)
+        self.app = create_app(
+            config, log, registry=self.registry, transport=transport, env=env, clock=clock
+        )
         self._server = uvicorn.Server(
             uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
         )

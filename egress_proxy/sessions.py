@@ -5,6 +5,10 @@ keys its stream is sealed to. The stream is named by the session id, a UUIDv7, a
 plane serves the session under ``/s/{session}/``, so an OpenAI or Anthropic SDK selects a
 session by its ``base_url`` and authenticates with the token as its API key.
 
+Pins are set at opening or later (``set_pins``: the plain method the gRPC control plane will
+call); each setting is recorded as ``pins.set`` before it takes effect, so every call it
+touches comes after it in the stream. ``pins`` explains what a pin means to each upstream.
+
 Only a SHA-256 of each token is kept, compared in constant time; an unknown session and a
 wrong token get the same answer, so the data plane is no oracle for which sessions exist.
 Sessions live in memory: after a restart their streams stay in the record, but their tokens
@@ -24,13 +28,14 @@ from typing import NamedTuple
 import uuid6
 from pydantic import JsonValue
 
+from egress_proxy.clock import Clock
 from egress_proxy.errors import Unauthorized
+from egress_proxy.pins import PINNABLE, pins_entry, validate_pins
+from egress_proxy.tool_ids import ToolIdTable
 from record.log import Appended, Log
-from record.schema import PinsSet
 from record.seal import RecipientKey
 
-#: Request members a session may pin; each dialect applies the ones its API has.
-PINNABLE = frozenset({"seed", "temperature", "top_p", "top_k", "max_tokens"})
+__all__ = ["PINNABLE", "OpenedSession", "Session", "SessionRegistry", "token_from_headers"]
 
 
 class OpenedSession(NamedTuple):
@@ -56,8 +61,10 @@ class Session:
     id: str
     token_digest: bytes
     labels: dict[str, str]
-    pins: dict[str, JsonValue] | None = None
+    pins: dict[str, JsonValue] | None = None  # replaced whole, never changed in place
     latest_checkpoint: bytes | None = None  # the newest signed note of this stream
+    clock: Clock | None = None  # overrides the proxy's clock (a replay plan pins it here)
+    tool_ids: ToolIdTable = field(default_factory=ToolIdTable, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def noted(self, appended: Appended) -> None:
@@ -93,6 +100,7 @@ class SessionRegistry:
         self.base_url = base_url.rstrip("/")  # the data plane's root, set once it listens
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._pins_lock = threading.Lock()  # one pins.set at a time: record order = effect order
 
     def open_session(
         self,
@@ -102,18 +110,16 @@ class SessionRegistry:
     ) -> OpenedSession:
         """Open a stream sealed to ``recipients`` (and the appliance key) and issue a token.
 
-        Blocks until ``stream.opened`` (and ``pins.set``, when pinned) are durable.
+        Blocks until ``stream.opened`` (and ``pins.set``, when pinned) are durable. Bad pins
+        are a ``ValueError`` naming the pin, raised before anything is recorded.
         """
-        if pins is not None:
-            unknown = sorted(set(pins) - PINNABLE)
-            if unknown:
-                raise ValueError(f"cannot pin {unknown}: pinnable members are {sorted(PINNABLE)}")
+        checked = validate_pins(pins) if pins else None
         session_id = str(uuid6.uuid7())
         keys = list(_with_appliance(recipients, self.log))
-        session = Session(session_id, b"", dict(labels or {}), dict(pins) if pins else None)
+        session = Session(session_id, b"", dict(labels or {}), checked)
         session.noted(self.log.open_stream(session_id, keys, session.labels))
-        if session.pins:
-            session.noted(self.log.append(session_id, PinsSet(pins=session.pins)))
+        if checked:
+            session.noted(self.log.append(session_id, pins_entry(checked)))
         token = secrets.token_urlsafe(32)
         session.token_digest = _token_digest(token)
         with self._lock:
@@ -133,6 +139,22 @@ class SessionRegistry:
     def get(self, session_id: str) -> Session | None:
         with self._lock:
             return self._sessions.get(session_id)
+
+    def set_pins(self, session: str | Session, pins: Mapping[str, JsonValue] | None) -> Appended:
+        """Replace a session's pins (None or empty: unpin); returns the ``pins.set`` entry.
+
+        The entry is durable before the new pins apply: a call whose ``pins`` stage has
+        already run keeps the pins it was sent with, and its ``model.request`` says which.
+        """
+        target = self.get(session) if isinstance(session, str) else session
+        if target is None:
+            raise KeyError(f"no open session {session!r}")
+        checked = validate_pins(pins) if pins else {}
+        with self._pins_lock:
+            appended = self.log.append(target.id, pins_entry(checked))
+            target.noted(appended)
+            target.pins = checked or None
+        return appended
 
 
 def _with_appliance(recipients: Iterable[RecipientKey], log: Log) -> Iterable[RecipientKey]:

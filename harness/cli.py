@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="affidavit", description="A recorded, sealed, replayable agent harness."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="record a session, checkpoint it, export and verify it")
+    demo = sub.add_parser(
+        "demo", help="a pinned tool-using turn through the proxy, recorded, replayed with verdicts"
+    )
     demo.add_argument("--workdir", help="where to write the demo's store and keys")
     demo.set_defaults(func=cmd_demo)
     record_cli.add_commands(sub)

@@ -9,18 +9,25 @@ the pipeline has neither this module nor ``httpx`` in ``sys.modules``).
 body that stops early becomes ``UpstreamCut``. Environment proxy settings are ignored
 (``trust_env=False``): where a request goes is the config's business alone. Redirects are
 not followed: a redirect is a reply, recorded and relayed like any other.
+
+Two additions serve the tool routes: ``send_exact`` (the fetch endpoint: exactly the headers
+given, in order, and the body's bytes as received, content-coding not undone) and
+``mcp_http_client`` (the ``httpx2`` client the MCP SDK dials remote tool servers with, set up
+with the same rules: no environment proxies, no redirects followed by the client).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from egress_proxy.errors import UpstreamCut, UpstreamUnavailable
 from egress_proxy.transports.base import UpstreamRequest, UpstreamResponse
 
 if TYPE_CHECKING:
     import httpx
+    import httpx2
 
 
 class NetworkTransport:
@@ -32,6 +39,7 @@ class NetworkTransport:
     def __init__(self, *, max_connections: int = 64) -> None:
         self._max_connections = max_connections
         self._client: httpx.AsyncClient | None = None
+        self._exact: httpx.AsyncClient | None = None  # fetches: its own pool and cookie jar
 
     def _pool(self) -> httpx.AsyncClient:
         import httpx
@@ -62,10 +70,45 @@ class NetworkTransport:
             raise UpstreamUnavailable(f"{request.url}: {type(exc).__name__}: {exc}") from None
         return _NetworkResponse(response, request.url)
 
+    async def send_exact(self, request: UpstreamRequest) -> ExactResponse:
+        """Send ``request`` as it is: its headers only, in order (``host`` among them), its
+        body, and the URL's target unchanged. ``ValueError`` (nothing sent) if the client would
+        add or change a header; the body is read raw (content-coding is not undone)."""
+        import httpx
+
+        built = httpx.Request(
+            request.method,
+            request.url,
+            headers=list(request.headers),
+            content=request.body or None,
+            extensions={
+                "timeout": httpx.Timeout(
+                    request.timeout_s, connect=request.connect_timeout_s
+                ).as_dict()
+            },
+        )
+        sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in built.headers.raw]
+        if sent != list(request.headers):
+            raise ValueError(f"the request would go out with other headers: {sent}")
+        parts = urlsplit(request.url)
+        target = (parts.path or "/") + (f"?{parts.query}" if "?" in request.url else "")
+        if built.url.raw_path != target.encode("ascii", "replace"):
+            raise ValueError(f"the request would go out for {built.url.raw_path!r}, not {target!r}")
+        if self._exact is None:
+            self._exact = httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None)
+        try:
+            response = await self._exact.send(built, stream=True)
+        except httpx.HTTPError as exc:
+            raise UpstreamUnavailable(f"{request.url}: {type(exc).__name__}: {exc}") from None
+        return ExactResponse(response, request.url)
+
     async def aclose(self) -> None:
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if self._exact is not None:
+            await self._exact.aclose()
+            self._exact = None
 
 
 class _NetworkResponse:
@@ -88,3 +131,38 @@ class _NetworkResponse:
 
     async def aclose(self) -> None:
         await self._response.aclose()
+
+
+class ExactResponse(_NetworkResponse):
+    """A fetched response: raw header names, reason and version, and the body undecoded."""
+
+    def __init__(self, response: httpx.Response, url: str) -> None:
+        super().__init__(response, url)
+        self.reason = response.reason_phrase
+        self.http_version = response.http_version
+        self.raw_headers = tuple(
+            (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw
+        )
+
+    async def body(self) -> AsyncIterator[bytes]:
+        import httpx
+
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamCut(f"{self._url}: {type(exc).__name__}: {exc}") from None
+
+
+def mcp_http_client(
+    headers: dict[str, str], timeout_s: float, connect_timeout_s: float
+) -> httpx2.AsyncClient:
+    """The client the MCP SDK reaches a remote tool server with (the SDK speaks ``httpx2``)."""
+    import httpx2
+
+    return httpx2.AsyncClient(
+        trust_env=False,
+        follow_redirects=False,
+        headers=headers,
+        timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s),
+    )

@@ -135,15 +135,30 @@ def chunked(data: bytes, size: int) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
 
-def proxy_config(upstream_url: str, **overrides: Any) -> ProxyConfig:
+def proxy_config(
+    upstream_url: str,
+    *,
+    inject_clock: bool = False,
+    engine_extensions: bool = False,
+    **overrides: Any,
+) -> ProxyConfig:
+    """Both providers on ``upstream_url``. The clock is off unless asked for, so a test of the
+    byte path sees the client's request unchanged; ``test_clock.py`` turns it on."""
     doc: dict[str, Any] = {
         "listen": {"host": "127.0.0.1", "port": 0},
         "providers": {
-            "openai": {"api": "openai", "base_url": upstream_url, "api_key_env": "TEST_OPENAI_KEY"},
+            "openai": {
+                "api": "openai",
+                "base_url": upstream_url,
+                "api_key_env": "TEST_OPENAI_KEY",
+                "inject_clock": inject_clock,
+                "engine_extensions": engine_extensions,
+            },
             "anthropic": {
                 "api": "anthropic",
                 "base_url": upstream_url,
                 "api_key_env": "TEST_ANTHROPIC_KEY",
+                "inject_clock": inject_clock,
             },
         },
         "mounts": {"/v1/chat/completions": "openai", "/v1/messages": "anthropic"},

@@ -1,7 +1,8 @@
 """Transports: one module dials out, and it translates its library's errors at the boundary.
 
 - Reading the source: ``egress_proxy.transports.network`` is the only module of the proxy
-  that imports ``httpx``, and no module imports another HTTP client.
+  that imports ``httpx`` (and ``httpx2``, for the MCP SDK), and no module imports another
+  HTTP client.
 - A fresh interpreter that imports the pipeline, the app and the runner has neither the
   network transport nor ``httpx`` loaded (the app imports the transport only when built
   without one), so reconstruct can build the pipeline with no network code present.
@@ -40,7 +41,8 @@ def test_only_the_network_transport_imports_an_http_client() -> None:
         found = HTTP_CLIENTS.findall(path.read_text("utf-8"))
         if found:
             importers[path.relative_to(PACKAGE).as_posix()] = sorted(set(found))
-    assert importers == {"transports/network.py": ["httpx"]}
+    # httpx2 is the MCP SDK's client: network.py builds it for remote tool servers.
+    assert importers == {"transports/network.py": ["httpx", "httpx2"]}
     # ... and there only inside functions (or for type checking), never at import time.
     source = (PACKAGE / "transports" / "network.py").read_text("utf-8")
     assert not re.search(r"^(?:import|from)\s+httpx", source, re.MULTILINE)

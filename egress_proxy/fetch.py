@@ -1,0 +1,251 @@
+"""The fetch endpoint, ``POST /s/{session}/v1/fetch``: tools that read the web do it here.
+
+The client posts ``{"method", "url", "headers", "body"}`` (``body`` base64); the proxy builds
+the exact HTTP/1.1 request it will send, appends ``fetch.request`` (``content_key`` over those
+bytes: request line, header lines and body) and waits until it is durable, then dials through
+the one network transport, reads the response to its end and appends ``fetch.response``
+(status line, header lines and body as received), and only then answers with status, headers
+and body verbatim (the body base64). The shapes are in ``docs/proxy.md``.
+
+The proxy sets ``host`` and ``content-length`` itself and ``user-agent`` and
+``accept-encoding: identity`` unless the client set them; it refuses credential headers
+(the record keeps the request bytes) and framing headers (it frames the request itself).
+
+This module imports no web framework and no HTTP client; the transport is handed in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from egress_proxy.errors import (
+    MalformedFetch,
+    ProxyError,
+    ResponseTooLarge,
+    UpstreamCut,
+    UpstreamUnavailable,
+)
+from egress_proxy.providers import CREDENTIAL_HEADERS, parse_request
+from egress_proxy.sessions import Session
+from egress_proxy.tool_config import FetchConfig
+from egress_proxy.tools import append
+from egress_proxy.transports.base import UpstreamRequest
+from record.digest import Domain, digest
+from record.log import Appended, Log
+from record.schema import FetchRequest, FetchResponse, describe
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+#: Framing and hop-by-hop headers: the proxy frames the request itself.
+FRAMING_HEADERS = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+     "trailer", "upgrade", "expect", "proxy-connection"}
+)  # fmt: skip
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?|")
+_TARGET = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
+
+
+class ExactResponse(Protocol):
+    status: int
+    reason: str
+    http_version: str
+    raw_headers: tuple[tuple[str, str], ...]  # names as received, in order
+
+    def body(self) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class ExactTransport(Protocol):
+    """What fetch needs of a transport: send these very bytes (``transports.network``)."""
+
+    async def send_exact(self, request: UpstreamRequest) -> ExactResponse: ...
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    url: str
+    headers: dict[str, str] | list[tuple[str, str]] = {}
+    body: str | None = None
+
+
+@dataclass(frozen=True)
+class FetchAsk:
+    """A fetch, parsed and checked: what goes on the wire, exactly."""
+
+    method: str
+    url: str
+    target: str  # origin-form: path and query as in the URL
+    headers: tuple[tuple[str, str], ...]  # lower-case names, in the order sent
+    body: bytes
+
+    def request_bytes(self) -> bytes:
+        head = f"{self.method} {self.target} HTTP/1.1\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in self.headers) + "\r\n"
+        return head.encode("ascii") + self.body
+
+
+def parse_fetch(raw: bytes, user_agent: str) -> FetchAsk:
+    """The fetch a body asks for, or ``MalformedBody``/``MalformedFetch`` naming why not."""
+    try:
+        given = _Body.model_validate(parse_request(raw))
+    except ValidationError as exc:
+        raise MalformedFetch(describe(exc, "fetch")) from None
+    if given.method not in METHODS:
+        raise MalformedFetch(f"fetch: method must be one of {', '.join(METHODS)}")
+    url = given.url
+    parts = urlsplit(url) if url.isascii() else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise MalformedFetch(f"fetch: url must be an absolute http(s) URL in ASCII: {url!r}")
+    if "@" in parts.netloc or "#" in url:
+        raise MalformedFetch("fetch: url must carry no userinfo and no fragment")
+    target = (parts.path or "/") + (f"?{parts.query}" if "?" in url else "")
+    if not _TARGET.fullmatch(target) or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", parts.netloc):
+        raise MalformedFetch("fetch: url has characters that must be percent-encoded")
+    if {".", ".."} & set(parts.path.split("/")):
+        raise MalformedFetch("fetch: url path has dot segments (the client would remove them)")
+    try:
+        body = base64.b64decode(given.body or "", validate=True)
+    except binascii.Error:
+        raise MalformedFetch("fetch: body must be standard base64") from None
+    pairs = list(given.headers.items()) if isinstance(given.headers, dict) else given.headers
+    headers: list[tuple[str, str]] = [("host", parts.netloc.lower())]
+    for name, value in pairs:
+        key = name.lower()
+        if not _TOKEN.fullmatch(name) or not _VALUE.fullmatch(value):
+            raise MalformedFetch(f"fetch: header {name!r} is not a valid header line")
+        if key in FRAMING_HEADERS or key in CREDENTIAL_HEADERS:
+            raise MalformedFetch(f"fetch: header {key!r} is set by the proxy or refused")
+        headers.append((key, value))
+    named = {k for k, _ in headers}
+    for key, value in (("user-agent", user_agent), ("accept-encoding", "identity")):
+        if key not in named:
+            headers.append((key, value))
+    if body or given.method in ("POST", "PUT", "PATCH"):
+        headers.append(("content-length", str(len(body))))
+    return FetchAsk(given.method, url, target, tuple(headers), body)
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    """What the client gets: the proxy's status, its JSON body, where the fetch is recorded."""
+
+    status: int
+    body: bytes
+    request_seq: int | None
+
+
+class Fetcher:
+    def __init__(self, log: Log, transport: ExactTransport, config: FetchConfig) -> None:
+        self.log, self.transport, self.config = log, transport, config
+
+    async def fetch(self, session: Session, raw: bytes) -> FetchAnswer:
+        """Record, dial, read, record, answer. Refusals before recording raise ``ProxyError``."""
+        ask = parse_fetch(raw, self.config.user_agent)
+        sent = ask.request_bytes()
+        request = FetchRequest(
+            method=ask.method,
+            url=ask.url,
+            request_bytes=sent,
+            content_key=digest(Domain.FETCH_REQUEST, sent),
+        )
+        first = await append(self.log, session, request)
+        upstream = UpstreamRequest(
+            ask.method,
+            ask.url,
+            ask.headers,
+            ask.body,
+            timeout_s=self.config.timeout_s,
+            connect_timeout_s=self.config.connect_timeout_s,
+        )
+        try:
+            response = await self.transport.send_exact(upstream)
+        except ValueError as exc:  # nothing went out: the client library would change it
+            return await self._failed(session, first.seq, MalformedFetch(f"fetch: {exc}"))
+        except UpstreamUnavailable as exc:
+            await self._record(session, first.seq, "UNKNOWN")
+            return FetchAnswer(exc.status, exc.body(), first.seq)
+        head = _status_line(response) + _header_lines(response.raw_headers) + b"\r\n"
+        received = bytearray()
+        try:
+            async for chunk in response.body():
+                received += chunk
+                if len(received) > self.config.max_response_bytes:
+                    limit = self.config.max_response_bytes
+                    error = ResponseTooLarge(f"the fetched body exceeds {limit} bytes")
+                    return await self._failed(session, first.seq, error, response.status)
+        except UpstreamCut as exc:
+            partial = head + bytes(received)
+            await self._record(session, first.seq, "UNKNOWN", response.status, partial)
+            return FetchAnswer(exc.status, exc.body(), first.seq)
+        finally:
+            await response.aclose()
+        whole = head + bytes(received)
+        entry = await self._record(session, first.seq, "COMMITTED", response.status, whole)
+        answer = {
+            "status": response.status,
+            "reason": response.reason,
+            "http_version": response.http_version,
+            "headers": [list(pair) for pair in response.raw_headers],
+            "body": base64.b64encode(bytes(received)).decode("ascii"),
+            "affidavit": {
+                "stream": session.id,
+                "request_seq": first.seq,
+                "seq": entry.seq,
+                "outcome": "COMMITTED",
+                "content_key": request.content_key,
+                "response_digest": digest(Domain.FETCH_RESPONSE, whole),
+            },
+        }
+        return FetchAnswer(200, json.dumps(answer, separators=(",", ":")).encode(), first.seq)
+
+    async def _record(
+        self,
+        session: Session,
+        request_seq: int,
+        outcome: Literal["COMMITTED", "UNKNOWN"],
+        status: int | None = None,
+        data: bytes | None = None,
+    ) -> Appended:
+        entry = FetchResponse(
+            request_seq=request_seq,
+            outcome=outcome,
+            status=status,
+            response_bytes=data,
+            response_digest=digest(Domain.FETCH_RESPONSE, data) if data is not None else None,
+        )
+        return await append(self.log, session, entry)
+
+    async def _failed(
+        self, session: Session, request_seq: int, error: ProxyError, status: int | None = None
+    ) -> FetchAnswer:
+        body = error.body()
+        entry = FetchResponse(
+            request_seq=request_seq,
+            outcome="FAILED",
+            status=status,
+            error_bytes=body,
+            error_digest=digest(Domain.ERROR, body),
+        )
+        await append(self.log, session, entry)
+        return FetchAnswer(error.status, body, request_seq)
+
+
+def _status_line(response: ExactResponse) -> bytes:
+    return f"{response.http_version} {response.status} {response.reason}\r\n".encode("latin-1")
+
+
+def _header_lines(headers: tuple[tuple[str, str], ...]) -> bytes:
+    return b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
