@@ -276,6 +276,8 @@ class Log:
         """The latest data key after a restart, unwrapped with the appliance's own key."""
         epoch, wrapped = 0, None
         for stored in self.store.entries(stream):
+            if not stored.line.startswith(b'{"body":{'):
+                continue  # a sealed body: only clear (key-distribution) entries matter here
             entry = parse_entry(stored.line)
             if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
                 epoch = int(entry.body["key_epoch"])  # type: ignore[arg-type]
