@@ -1,6 +1,7 @@
 """The data plane: FastAPI routes under ``/s/{session}/``, in front of the pipeline.
 
-Every route lives under a session's path and needs that session's token. The order of
+Every route lives under a session's path and needs that session's token, except
+``GET /metrics`` (``egress_proxy.metrics``: Prometheus text, no session data). The order of
 checks is fixed, and each refusal is a JSON error with a stable ``code``:
 
 1. not under ``/s/{session}/…`` → 404 ``not_found`` (nothing else is served);
@@ -41,6 +42,7 @@ from egress_proxy.errors import (
     UpstreamError,
 )
 from egress_proxy.fetch import ExactTransport, Fetcher
+from egress_proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from egress_proxy.pipeline import Call, TaskSet, Upstream, build_pipeline, record_refusal
 from egress_proxy.providers import CREDENTIAL_HEADERS, DIALECTS, parse_request, relayed
 from egress_proxy.sessions import SessionRegistry, token_from_headers
@@ -109,7 +111,8 @@ def create_app(
     registry = registry if registry is not None else SessionRegistry(log)
     dialer = transport if transport is not None else _network_transport()
     tasks = TaskSet()
-    pipeline = build_pipeline(log, dialer, tasks, clock)
+    metrics = ProxyMetrics()  # a registry of this app's own, never the global one
+    pipeline = metrics.stage(build_pipeline(log, metrics.transport(dialer), tasks, clock))
     gateway = _mcp_gateway(config, log, registry, env)
     fetcher = Fetcher(log, _exact(dialer), config.fetch) if config.fetch.enabled else None
 
@@ -126,6 +129,7 @@ def create_app(
     app.state.config = config
     app.state.registry = registry
     app.state.tasks = tasks
+    app.state.metrics = metrics
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(_: Request, exc: ProxyError) -> Response:
@@ -174,6 +178,7 @@ def create_app(
             call.request = parse_request(raw)
         except MalformedBody as exc:
             first, _ = await record_refusal(log, call, exc)
+            metrics.refused(call)
             return error_response(exc, _record_headers(session.id, first.seq))
         # The call runs in its own task: a client that goes away cancels this handler, not
         # the call, which still records its request and (through capture) its reply.
@@ -185,6 +190,10 @@ def create_app(
         headers = dict(relayed(reply.headers))
         headers.update(_record_headers(session.id, call.request_seq))
         return StreamingResponse(reply.body, reply.status, headers)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.api_route("/{path:path}", methods=_METHODS)
     async def outside(path: str) -> Response:

@@ -14,6 +14,8 @@
     │   │   └── MalformedFetch  400 malformed_fetch: JSON, but not a fetch request the proxy sends
     │   └── ReplyNotCommitted   409 reply_not_committed: a tool call naming no committed model
     │                           reply of its session; recorded as a FAILED tool call
+    ├── ReplayMiss              409 replay_miss: a replayed call the record does not hold; carries
+    │                           the nearest recorded call and a diff; never goes live (exit 1)
     ├── RecordUnavailable       503 record_unavailable: the request could not be made durable, so
     │                           it was not sent (the record comes first, always)
     └── UpstreamError           the upstream gave no whole reply (exit 3); recorded as UNKNOWN
@@ -97,6 +99,31 @@ class MalformedFetch(MalformedBody):
 class ReplyNotCommitted(Refused):
     code = "reply_not_committed"
     status = 409
+
+
+class ReplayMiss(ProxyError):
+    """A call under replay that the record does not hold: it is refused, never sent live.
+
+    ``nearest`` is the closest recorded call (``transports.recorded.RecordedCall``), or None
+    when the record holds nothing of its kind; ``diff`` compares it with the call presented.
+    """
+
+    code = "replay_miss"
+    status = 409
+
+    def __init__(self, message: str, *, nearest: object | None = None, diff: str = "") -> None:
+        super().__init__(message)
+        self.nearest = nearest
+        self.diff = diff
+
+    def diagnostics(self) -> str:
+        return f"{self.code}: {self}\n{self.diff}" if self.diff else super().diagnostics()
+
+    def body(self) -> bytes:
+        describe = getattr(self.nearest, "describe", None)
+        nearest = describe() if callable(describe) else None
+        error = {"code": self.code, "message": str(self), "nearest": nearest, "diff": self.diff}
+        return json.dumps({"error": error}, separators=(",", ":")).encode()
 
 
 class RecordUnavailable(ProxyError):

@@ -3,8 +3,9 @@
 It binds the socket first (port 0 picks a free one), so the session registry knows the
 proxy's URL before the first session opens; recovers calls a previous run left without a
 reply (``recover_unknown``) before it serves; and on ``stop`` lets uvicorn's shutdown drain
-replies still being read, so they are committed. The CLI (``affidavit proxy serve``) will
-wrap this later.
+replies still being read, so they are committed. With ``control_socket`` it also serves the
+gRPC control plane (``control.ControlPlane``) on that Unix socket while it runs. The CLI
+(``affidavit proxy serve``) will wrap this later.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from types import TracebackType
 
 import uvicorn
@@ -20,6 +22,7 @@ import uvicorn
 from egress_proxy.app import create_app
 from egress_proxy.clock import Clock
 from egress_proxy.config import ProxyConfig
+from egress_proxy.control import ControlPlane
 from egress_proxy.recovery import Recovered, recover_unknown
 from egress_proxy.sessions import SessionRegistry
 from egress_proxy.transports.base import Transport
@@ -36,11 +39,15 @@ class ProxyServer:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         clock: Clock | None = None,
+        control_socket: Path | str | None = None,
     ) -> None:
         host = config.listen.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted connections inherit this: without it Nagle's algorithm holds small replies
+        # back ~40 ms on loopback, dwarfing the two durable commits that are our real floor.
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.bind((host, config.listen.port if port is None else port))
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
@@ -54,6 +61,7 @@ class ProxyServer:
         )
         self._thread: threading.Thread | None = None
         self.recovered: list[Recovered] = []
+        self.control = ControlPlane(self.registry, control_socket) if control_socket else None
 
     def start(self, timeout: float = 10.0) -> ProxyServer:
         self.recovered = recover_unknown(self.log)
@@ -66,9 +74,13 @@ class ProxyServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the proxy did not start")
             time.sleep(0.01)
+        if self.control is not None:
+            self.control.start()
         return self
 
     def stop(self, timeout: float = 60.0) -> None:
+        if self.control is not None:
+            self.control.stop()
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout)

@@ -1,0 +1,458 @@
+"""What the egress proxy adds to a model call, against the same loopback upstream called directly.
+
+Run from the repository root::
+
+    .venv/bin/python bench/proxy_overhead.py            # full run, about a minute on 2 cores
+    .venv/bin/python bench/proxy_overhead.py --quick    # smoke run, a few seconds
+
+One run starts three processes on loopback: a scripted upstream (a raw ASGI app under
+uvicorn, replying at once), the proxy (``ProxyServer`` with full recording: every request and
+reply sealed, in the Merkle tree, durably committed to SQLite before the client hears of it;
+the config's defaults, clock injection included) and this client (``httpx.AsyncClient``).
+For each mode (a non-streamed JSON reply of about 1 KiB; a streamed reply of 16 SSE events)
+and each concurrency (1 and 32 clients, each a fixed count of calls), it runs the calls
+direct to the upstream and then through the proxy, back to back, ``repeats`` times, and
+reports:
+
+- ``added p50`` / ``added p99``: the percentile of the proxied calls' latency (send to last
+  byte) less the same percentile direct, over every call of every repeat;
+- ``added ttfb``: the same at p50 for the time to the first body byte;
+- ``throughput``: calls/s through the proxy over calls/s direct, paired per repeat, median.
+
+It also measures the disk's durable-commit latency (one row per ``BEGIN IMMEDIATE … COMMIT``
+in a WAL + ``synchronous=FULL`` database, in the same directory as the proxy's store): the
+design commits the request before dialing and the reply before the client's last byte, so two
+commits are its floor. Targets: added p50 <= 2 commits + 0.3 ms and added p99 <= twice that,
+at concurrency 1; throughput >= 0.8x direct at concurrency 32. Beside them, for context
+only, the published added latency of gateways that keep no durable record. The load stays on
+loopback and stops by itself (fixed counts). It prints one table and, last, one line of JSON
+holding every figure (``{"figures": …, "targets": …, "met": …}``); it exits 0 whenever it ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository's packages by path
+    sys.path.insert(0, str(ROOT))
+
+CONCURRENCY = (1, 32)
+MODES = ("json", "stream")
+SLACK_MS = 0.3  # added p50 target: two durable commits plus this
+THROUGHPUT_TARGET = 0.8  # through the proxy over direct, at concurrency 32
+#: Published added latency (ms) of gateways that keep no durable record; context, not targets.
+PUBLISHED_MS = {
+    "LiteLLM": 3.25,
+    "Portkey (local mock)": 2.6,
+    "Bifrost (local mock)": 0.6,
+}
+REQUEST = b'{"model":"bench","messages":[{"role":"user","content":"%s"}]}' % (b"x" * 200)
+STREAM_REQUEST = b'{"model":"bench","stream":true,"messages":[{"role":"user","content":"%s"}]}' % (
+    b"x" * 200
+)
+REPLY = (
+    b'{"id":"chatcmpl-bench","object":"chat.completion","created":0,"model":"bench",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"%s"},'
+    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+    b'"total_tokens":2}}' % (b"y" * 800)
+)
+EVENTS = [
+    b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","created":0,'
+    b'"model":"bench","choices":[{"index":0,"delta":{"content":"token %02d "}}]}\n\n' % i
+    for i in range(16)
+] + [b"data: [DONE]\n\n"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    calls: dict[int, int]  # concurrency -> calls per run
+    repeats: int
+    warmup: int
+    commits: int  # bare durable commits timed
+
+
+FULL = Plan(calls={1: 400, 32: 2000}, repeats=3, warmup=50, commits=400)
+QUICK = Plan(calls={1: 40, 32: 160}, repeats=1, warmup=10, commits=50)
+
+
+# -- the upstream and the proxy, each in a process of its own -------------------------------------
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Replies at once: the JSON reply, or the events when the request asks to stream."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    streamed = b'"stream":true' in body
+    content_type = b"text/event-stream" if streamed else b"application/json"
+    headers = [(b"content-type", content_type)]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    for chunk in EVENTS if streamed else [REPLY]:
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def serve_upstream(conn: Connection) -> None:
+    import uvicorn
+
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it
+    sock.bind(("127.0.0.1", 0))
+    conn.send(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    config = uvicorn.Config(upstream_app, log_level="critical", access_log=False, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+def serve_proxy(upstream_url: str, store: str, conn: Connection) -> None:
+    from egress_proxy.config import parse_config
+    from egress_proxy.server import ProxyServer
+    from record.log import Log
+    from record.seal import KeyPair
+
+    config = parse_config(
+        {
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "providers": {
+                "openai": {"api": "openai", "base_url": upstream_url, "api_key_env": "BENCH_KEY"}
+            },
+            "mounts": {"/v1/chat/completions": "openai"},
+        }
+    )
+    key = KeyPair.generate()
+    with Log.open(Path(store), appliance_key=key) as log:
+        proxy = ProxyServer(config, log, env={"BENCH_KEY": "sk-bench"})
+        proxy.start()
+        session = proxy.registry.open_session([key.recipient], {"bench": "proxy_overhead"})
+        conn.send((session.openai_base_url, session.token, proxy.url))
+        conn.recv()  # until the client is done
+        proxy.stop()
+    conn.send("stopped")
+
+
+# -- the client ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    latencies: list[float]  # seconds, send to last byte
+    ttfbs: list[float]  # seconds, send to first body byte
+    seconds: float  # wall time of the run
+
+    @property
+    def rate(self) -> float:
+        return len(self.latencies) / self.seconds
+
+
+async def one_call(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    first: float | None = None
+    async with client.stream("POST", url, content=body) as response:
+        async for _ in response.aiter_raw():
+            if first is None:
+                first = time.perf_counter()
+        if response.status_code != 200:
+            raise RuntimeError(f"{url}: status {response.status_code}")
+    end = time.perf_counter()
+    return end - t0, (first if first is not None else end) - t0
+
+
+async def run_calls(
+    client: httpx.AsyncClient, url: str, body: bytes, concurrency: int, calls: int
+) -> Run:
+    latencies: list[float] = []
+    ttfbs: list[float] = []
+    each = calls // concurrency
+
+    async def worker() -> None:
+        for _ in range(each):
+            latency, ttfb = await one_call(client, url, body)
+            latencies.append(latency)
+            ttfbs.append(ttfb)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return Run(latencies, ttfbs, time.perf_counter() - t0)
+
+
+async def measure(
+    plan: Plan, direct_url: str, proxy_url: str, token: str
+) -> dict[str, dict[str, list[Run]]]:
+    headers = {"authorization": f"Bearer {token}"}
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    results: dict[str, dict[str, list[Run]]] = {}
+    async with httpx.AsyncClient(timeout=60, limits=limits, headers=headers) as client:
+        for mode in MODES:
+            body = STREAM_REQUEST if mode == "stream" else REQUEST
+            for url in (direct_url, proxy_url):  # warm-up: connections, caches
+                await run_calls(client, url, body, 8, plan.warmup)
+            for concurrency in CONCURRENCY:
+                key = f"{mode}_c{concurrency}"
+                progress(f"{key} ...")
+                runs: dict[str, list[Run]] = {"direct": [], "proxy": []}
+                for _ in range(plan.repeats):
+                    n = plan.calls[concurrency]
+                    runs["direct"].append(await run_calls(client, direct_url, body, concurrency, n))
+                    runs["proxy"].append(await run_calls(client, proxy_url, body, concurrency, n))
+                results[key] = runs
+    return results
+
+
+def commit_latency(path: Path, n: int) -> list[float]:
+    """Seconds per durable commit of one small row (WAL, ``synchronous=FULL``)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, line BLOB NOT NULL)")
+        line = os.urandom(1500)
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO t (line) VALUES (?)", (line,))
+            conn.execute("COMMIT")
+            samples.append(time.perf_counter() - t0)
+    finally:
+        conn.close()
+    return samples
+
+
+# -- figures -------------------------------------------------------------------------------------
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def figures_of(runs: dict[str, list[Run]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for side in ("direct", "proxy"):
+        lat = [x for r in runs[side] for x in r.latencies]
+        ttfb = [x for r in runs[side] for x in r.ttfbs]
+        out[side] = {
+            "calls": len(lat),
+            "p50_ms": ms(pct(lat, 0.5)),
+            "p99_ms": ms(pct(lat, 0.99)),
+            "ttfb_p50_ms": ms(pct(ttfb, 0.5)),
+            "calls_per_s": statistics.median(r.rate for r in runs[side]),
+        }
+    d, p = out["direct"], out["proxy"]
+    out["added_p50_ms"] = p["p50_ms"] - d["p50_ms"]
+    out["added_p99_ms"] = p["p99_ms"] - d["p99_ms"]
+    out["added_ttfb_ms"] = p["ttfb_p50_ms"] - d["ttfb_p50_ms"]
+    out["throughput_ratio"] = statistics.median(
+        pr.rate / dr.rate for pr, dr in zip(runs["proxy"], runs["direct"], strict=True)
+    )
+    return out
+
+
+def evaluate(figures: dict[str, Any]) -> tuple[dict[str, float], dict[str, bool]]:
+    floor = 2 * figures["durable_commit"]["p50_ms"]
+    p50_target = floor + SLACK_MS
+    targets: dict[str, float] = {}
+    met: dict[str, bool] = {}
+    for mode in MODES:
+        c1, c32 = figures[f"{mode}_c1"], figures[f"{mode}_c32"]
+        targets[f"{mode}_c1_added_p50_ms"] = p50_target
+        met[f"{mode}_c1_added_p50_ms"] = c1["added_p50_ms"] <= p50_target
+        targets[f"{mode}_c1_added_p99_ms"] = 2 * p50_target
+        met[f"{mode}_c1_added_p99_ms"] = c1["added_p99_ms"] <= 2 * p50_target
+        targets[f"{mode}_c32_throughput_ratio"] = THROUGHPUT_TARGET
+        met[f"{mode}_c32_throughput_ratio"] = c32["throughput_ratio"] >= THROUGHPUT_TARGET
+    return targets, met
+
+
+def table(figures: dict[str, Any], targets: dict[str, float], met: dict[str, bool]) -> str:
+    head = (
+        "mode",
+        "clients",
+        "direct p50",
+        "proxy p50",
+        "added p50",
+        "added p99",
+        "added ttfb",
+        "direct/s",
+        "proxy/s",
+        "throughput",
+        "targets met?",
+    )
+    rows: list[tuple[str, ...]] = [head]
+    for mode in MODES:
+        for concurrency in CONCURRENCY:
+            key = f"{mode}_c{concurrency}"
+            f = figures[key]
+            verdicts = [v for k, v in met.items() if k.startswith(key + "_")]
+            rows.append(
+                (
+                    mode,
+                    str(concurrency),
+                    f"{f['direct']['p50_ms']:.2f} ms",
+                    f"{f['proxy']['p50_ms']:.2f} ms",
+                    f"{f['added_p50_ms']:.2f} ms",
+                    f"{f['added_p99_ms']:.2f} ms",
+                    f"{f['added_ttfb_ms']:.2f} ms",
+                    f"{f['direct']['calls_per_s']:,.0f}",
+                    f"{f['proxy']['calls_per_s']:,.0f}",
+                    f"{f['throughput_ratio']:.2f}x",
+                    "-" if not verdicts else ("yes" if all(verdicts) else "NO"),
+                )
+            )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = []
+    for i, r in enumerate(rows):
+        cells = [
+            c.ljust(w) if j == 0 else c.rjust(w)
+            for j, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append(" | ".join(cells).rstrip())
+        if i == 0:
+            lines.append("-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-proxy-overhead-"))
+    started = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    up_parent, up_child = ctx.Pipe()
+    px_parent, px_child = ctx.Pipe()
+    upstream = ctx.Process(target=serve_upstream, args=(up_child,), daemon=True)
+    proxy: Any = None
+    figures: dict[str, Any] = {}
+    try:
+        upstream.start()
+        upstream_url: str = up_parent.recv()
+        proxy = ctx.Process(
+            target=serve_proxy, args=(upstream_url, str(scratch / "record.db"), px_child)
+        )
+        proxy.start()
+        if not px_parent.poll(60):
+            raise RuntimeError("the proxy did not start")
+        base, token, proxy_root = px_parent.recv()
+        direct_url = upstream_url + "/v1/chat/completions"
+        results = asyncio.run(measure(plan, direct_url, base + "/chat/completions", token))
+        metrics_text = httpx.get(proxy_root + "/metrics").text
+        px_parent.send("stop")
+        px_parent.poll(60) and px_parent.recv()
+        proxy.join(30)
+        progress("durable commits ...")
+        commits = commit_latency(scratch / "commits.db", plan.commits)
+    finally:
+        if proxy is not None and proxy.is_alive():
+            proxy.terminate()
+        upstream.terminate()
+        upstream.join(10)
+        shutil.rmtree(scratch, ignore_errors=True)
+    for key, runs in results.items():
+        figures[key] = figures_of(runs)
+    figures["durable_commit"] = {
+        "p50_ms": ms(pct(commits, 0.5)),
+        "p99_ms": ms(pct(commits, 0.99)),
+        "n": len(commits),
+    }
+    figures["proxy_metrics"] = proxy_metrics(metrics_text)
+    figures["published_added_ms_no_durable_record"] = PUBLISHED_MS
+    figures["run"] = {
+        "mode": "quick" if args.quick else "full",
+        "cores": cores,
+        "repeats": plan.repeats,
+        "calls_per_run": {str(k): v for k, v in plan.calls.items()},
+        "python": sys.version.split()[0],
+        "sqlite": sqlite3.sqlite_version,
+        "seconds": time.perf_counter() - started,
+        "client": "httpx.AsyncClient in this process; upstream and proxy in their own",
+    }
+    targets, met = evaluate(figures)
+
+    commit = figures["durable_commit"]
+    print(table(figures, targets, met))
+    print()
+    print(
+        f"durable commit (WAL, synchronous=FULL, 1 row): p50 {commit['p50_ms']:.3f} ms, "
+        f"p99 {commit['p99_ms']:.3f} ms; floor of this design: 2 commits = "
+        f"{2 * commit['p50_ms']:.3f} ms"
+    )
+    published = ", ".join(f"{k} {v} ms" for k, v in PUBLISHED_MS.items())
+    print(f"for context, published added latency without a durable record: {published}")
+    mean = figures["proxy_metrics"].get("mean_added_ms")
+    if mean is not None:
+        print(f"the proxy's own /metrics: mean added latency {mean:.3f} ms over every call")
+    print(f"cores: {cores}; mode: {figures['run']['mode']}; {figures['run']['seconds']:.1f} s")
+    if args.quick:
+        print("note: --quick runs one short repeat; its verdicts are indicative only")
+    for name, ok in met.items():
+        key, _, field = name.partition("_c")
+        where = f"{key}_c{field.split('_', 1)[0]}"
+        what = field.split("_", 1)[1]
+        op = ">=" if what == "throughput_ratio" else "<="
+        got = figures[where][what]
+        print(
+            f"target {name}: {got:.3f} against {op} {targets[name]:.3f}: {'met' if ok else 'MISSED'}"
+        )
+    print("all targets met" if all(met.values()) else "NOT all targets met")
+    print(json.dumps({"figures": figures, "targets": targets, "met": met}, sort_keys=True))
+    return 0
+
+
+def proxy_metrics(text: str) -> dict[str, Any]:
+    """Calls and mean added latency as the proxy's ``/metrics`` counted them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("upstream") == "openai" and "le" not in sample.labels:
+                label = sample.labels.get("outcome") or sample.labels.get("direction") or ""
+                values[f"{sample.name}{'_' + label if label else ''}"] = sample.value
+    count = values.get("affidavit_proxy_added_latency_seconds_count", 0.0)
+    total = values.get("affidavit_proxy_added_latency_seconds_sum", 0.0)
+    out: dict[str, Any] = {"samples": values}
+    if count:
+        out["mean_added_ms"] = ms(total / count)
+    return out
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""The control plane: gRPC over a Unix socket, for the harness (``proto/control.proto``).
+
+The harness has no other way to write the record: it opens sessions, sets pins and appends
+its own events (``turn.started``, ``turn.ended``) here, and the proxy's ``Log`` stays the
+single writer. ``StreamEntries`` hands out a stream's stored lines, exact bytes, for the panel
+and for mirroring; each line travels in chunks of at most 1 MiB, so no line is too big for a
+message limit. ``ArmReplay`` and ``GetVerdicts`` answer ``UNIMPLEMENTED`` until replay lands.
+
+Access is the socket's: it is made 0600 once bound, and callers present no token (the
+session tokens are for the data plane). ``ControlClient`` is the typed client the harness and
+the tests use; the handlers are registered by hand, so no generated service stubs are needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Generator, Iterator, Mapping
+from concurrent import futures
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import Message
+from pydantic import JsonValue
+
+from egress_proxy.proto import control_pb2 as pb
+from egress_proxy.sessions import Session, SessionRegistry
+from record.digest import Domain, digest
+from record.errors import SchemaError
+from record.schema import parse_body
+from record.seal import RecipientKey
+
+__all__ = ["CHUNK", "HARNESS_KINDS", "SERVICE", "ControlClient", "ControlPlane", "ControlServicer"]
+
+SERVICE = "affidavit.control.v1.Control"
+CHUNK = 1 << 20  # the most line bytes one EntryChunk carries
+MAX_MESSAGE = 64 << 20  # a request (an AppendEvent body) may be this big
+POLL = 0.05  # seconds between looks at a followed stream
+
+#: The kinds a harness may append, with the bytes field, digest field and domain they pair.
+HARNESS_KINDS: dict[str, tuple[str, str, Domain]] = {
+    "turn.started": ("input_bytes", "input_digest", Domain.INPUT),
+    "turn.ended": ("answer_bytes", "answer_digest", Domain.RESPONSE),
+}
+
+_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+]
+
+Req = TypeVar("Req", bound=Message)
+Resp = TypeVar("Resp", bound=Message)
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _pins(text: str) -> dict[str, JsonValue] | None:
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pins_json is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "pins_json must be a JSON object")
+    return value
+
+
+class ControlServicer:
+    """The handlers, each a plain method over the registry and its log."""
+
+    def __init__(self, registry: SessionRegistry) -> None:
+        self.registry = registry
+        self.log = registry.log
+
+    def _session(self, session_id: str) -> Session:
+        session = self.registry.get(session_id)
+        if session is None:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no open session {session_id!r}")
+        return session
+
+    def open_session(self, request: pb.OpenSessionRequest) -> pb.OpenSessionResponse:
+        try:
+            recipients = [RecipientKey.from_text(text) for text in request.recipients]
+        except Exception as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad recipient key: {exc}") from None
+        if not recipients and self.log.appliance_key is None:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a session needs a recipient key")
+        try:
+            opened = self.registry.open_session(
+                recipients, dict(request.labels), _pins(request.pins_json)
+            )
+        except ValueError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        return pb.OpenSessionResponse(
+            session_id=opened.session_id,
+            token=opened.token,
+            path=f"/s/{opened.session_id}",
+            base_url=opened.base_url,
+        )
+
+    def set_pins(self, request: pb.SetPinsRequest) -> pb.SetPinsResponse:
+        session = self._session(request.session_id)
+        try:
+            appended = self.registry.set_pins(session, _pins(request.pins_json))
+        except ValueError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        return pb.SetPinsResponse(seq=appended.seq)
+
+    def append_event(self, request: pb.AppendEventRequest) -> pb.AppendEventResponse:
+        pair = HARNESS_KINDS.get(request.kind)
+        if pair is None:
+            allowed = ", ".join(sorted(HARNESS_KINDS))
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{request.kind!r} is not a harness event (allowed: {allowed})",
+            )
+        session = self._session(request.session_id)
+        try:
+            body = parse_body(request.kind, request.body_json)
+        except SchemaError as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        data_field, digest_field, domain = pair
+        data: bytes | None = getattr(body, data_field)
+        stated: str | None = getattr(body, digest_field)
+        if (data is None) != (stated is None) or (
+            data is not None and digest(domain, data) != stated
+        ):
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{digest_field} is not the digest of {data_field}",
+            )
+        appended = self.log.append(session.id, body)
+        session.noted(appended)
+        response = pb.AppendEventResponse(seq=appended.seq, event_id=appended.event_id)
+        if appended.checkpoint is not None:
+            response.checkpoint = appended.checkpoint
+        return response
+
+    def arm_replay(self, request: pb.ArmReplayRequest) -> pb.ArmReplayResponse:
+        raise _Abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "ArmReplay is not implemented yet: replay (egress_proxy.replay) has not landed",
+        )
+
+    def get_verdicts(self, request: pb.GetVerdictsRequest) -> pb.GetVerdictsResponse:
+        raise _Abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "GetVerdicts is not implemented yet: replay verdicts have not landed",
+        )
+
+    def stream_entries(
+        self, request: pb.StreamEntriesRequest, active: Callable[[], bool]
+    ) -> Iterator[pb.EntryChunk]:
+        store = self.log.store
+        if not store.size(request.stream):
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no stream {request.stream!r}")
+        seq = request.from_seq
+        while active():
+            sent = False
+            for entry in store.entries(request.stream, seq):
+                line = entry.line
+                for offset in range(0, max(len(line), 1), CHUNK):
+                    yield pb.EntryChunk(
+                        seq=entry.seq,
+                        size=len(line),
+                        offset=offset,
+                        data=line[offset : offset + CHUNK],
+                    )
+                seq = entry.seq + 1
+                sent = True
+            if not request.follow:
+                return
+            if not sent:
+                time.sleep(POLL)
+
+
+def _unary(
+    call: Callable[[Req], Resp], request_type: type[Req]
+) -> grpc.RpcMethodHandler[Req, Resp]:
+    def behaviour(request: Req, context: grpc.ServicerContext) -> Resp:
+        try:
+            return call(request)
+        except _Abort as exc:
+            context.abort(exc.code, exc.details)
+
+    return grpc.unary_unary_rpc_method_handler(
+        behaviour,
+        request_deserializer=request_type.FromString,
+        response_serializer=lambda message: message.SerializeToString(),
+    )
+
+
+def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
+    def entries(
+        request: pb.StreamEntriesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.EntryChunk]:
+        try:
+            yield from servicer.stream_entries(request, context.is_active)
+        except _Abort as exc:
+            context.abort(exc.code, exc.details)
+
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        "OpenSession": _unary(servicer.open_session, pb.OpenSessionRequest),
+        "SetPins": _unary(servicer.set_pins, pb.SetPinsRequest),
+        "AppendEvent": _unary(servicer.append_event, pb.AppendEventRequest),
+        "ArmReplay": _unary(servicer.arm_replay, pb.ArmReplayRequest),
+        "GetVerdicts": _unary(servicer.get_verdicts, pb.GetVerdictsRequest),
+        "StreamEntries": grpc.unary_stream_rpc_method_handler(
+            entries,
+            request_deserializer=pb.StreamEntriesRequest.FromString,
+            response_serializer=lambda message: message.SerializeToString(),
+        ),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+class ControlPlane:
+    """The control plane's gRPC server on the Unix socket at ``path`` (made 0600)."""
+
+    def __init__(self, registry: SessionRegistry, path: Path | str, *, workers: int = 8) -> None:
+        self.path = Path(path)
+        self.servicer = ControlServicer(registry)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=workers), options=_OPTIONS
+        )
+        self._server.add_generic_rpc_handlers((_handler(self.servicer),))
+        self._lock = threading.Lock()
+        self._started = False
+
+    @property
+    def target(self) -> str:
+        return f"unix:{self.path}"
+
+    def start(self) -> ControlPlane:
+        with self._lock:
+            if self.path.exists() and stat.S_ISSOCK(self.path.lstat().st_mode):
+                self.path.unlink()  # a socket a previous run left behind
+            if not self._server.add_insecure_port(self.target):
+                raise RuntimeError(f"the control plane could not bind {self.target}")
+            self._server.start()
+            os.chmod(self.path, 0o600)
+            self._started = True
+        return self
+
+    def stop(self, grace: float | None = 1.0) -> None:
+        with self._lock:
+            if self._started:
+                self._server.stop(grace).wait()
+                self._started = False
+                self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class ControlClient:
+    """A typed client of the control plane at ``path`` (a Unix socket)."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.channel = grpc.insecure_channel(f"unix:{path}", options=_OPTIONS)
+
+    def _call(self, name: str, request: Req, response_type: type[Resp], timeout: float) -> Resp:
+        method: grpc.UnaryUnaryMultiCallable[Req, Resp] = self.channel.unary_unary(
+            f"/{SERVICE}/{name}",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
+        response: Resp = method(request, timeout=timeout)
+        return response
+
+    def open_session(
+        self,
+        recipients: list[RecipientKey],
+        labels: Mapping[str, str] | None = None,
+        pins: Mapping[str, JsonValue] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> pb.OpenSessionResponse:
+        request = pb.OpenSessionRequest(
+            recipients=[key.text() for key in recipients],
+            labels=dict(labels or {}),
+            pins_json=json.dumps(pins) if pins else "",
+        )
+        return self._call("OpenSession", request, pb.OpenSessionResponse, timeout)
+
+    def set_pins(
+        self, session_id: str, pins: Mapping[str, JsonValue] | None, *, timeout: float = 30.0
+    ) -> pb.SetPinsResponse:
+        request = pb.SetPinsRequest(session_id=session_id, pins_json=json.dumps(pins or {}))
+        return self._call("SetPins", request, pb.SetPinsResponse, timeout)
+
+    def append_event(
+        self, session_id: str, kind: str, body: Mapping[str, Any] | bytes, *, timeout: float = 30.0
+    ) -> pb.AppendEventResponse:
+        data = body if isinstance(body, bytes) else json.dumps(dict(body)).encode()
+        request = pb.AppendEventRequest(session_id=session_id, kind=kind, body_json=data)
+        return self._call("AppendEvent", request, pb.AppendEventResponse, timeout)
+
+    def arm_replay(
+        self, session_id: str, source_stream: str, *, timeout: float = 30.0
+    ) -> pb.ArmReplayResponse:
+        request = pb.ArmReplayRequest(session_id=session_id, source_stream=source_stream)
+        return self._call("ArmReplay", request, pb.ArmReplayResponse, timeout)
+
+    def get_verdicts(self, session_id: str, *, timeout: float = 30.0) -> pb.GetVerdictsResponse:
+        request = pb.GetVerdictsRequest(session_id=session_id)
+        return self._call("GetVerdicts", request, pb.GetVerdictsResponse, timeout)
+
+    def entries(
+        self, stream: str, from_seq: int = 0, *, follow: bool = False, timeout: float | None = None
+    ) -> Generator[tuple[int, bytes], None, None]:
+        """``(seq, line)`` of each stored line, reassembled; closing the iterator cancels."""
+        method: grpc.UnaryStreamMultiCallable[pb.StreamEntriesRequest, pb.EntryChunk] = (
+            self.channel.unary_stream(
+                f"/{SERVICE}/StreamEntries",
+                request_serializer=lambda message: message.SerializeToString(),
+                response_deserializer=pb.EntryChunk.FromString,
+            )
+        )
+        request = pb.StreamEntriesRequest(stream=stream, from_seq=from_seq, follow=follow)
+        call = method(request, timeout=timeout)
+        try:
+            parts: list[bytes] = []
+            for chunk in call:
+                if chunk.offset != sum(map(len, parts)):
+                    raise RuntimeError(f"entry {chunk.seq}: a chunk is missing")
+                parts.append(chunk.data)
+                if chunk.offset + len(chunk.data) == chunk.size:
+                    yield chunk.seq, b"".join(parts)
+                    parts = []
+        finally:
+            call.cancel()
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,232 @@
+"""Prometheus metrics of the data plane: calls, bytes, outcomes and added latency per upstream.
+
+Every app has its own ``CollectorRegistry`` (never the process-global one), served at
+``GET /metrics`` outside the session paths. Nothing here changes a byte or records anything:
+
+- ``ProxyMetrics.stage`` wraps the whole pipeline (outside ``annotate``): it counts the call
+  and the bytes the client sent and is delivered, and learns the recorded outcome from the
+  reply's ``committed`` future (so a client that leaves still counts its outcome);
+- ``ProxyMetrics.transport`` wraps the transport the pipeline dials: it times the upstream
+  (send, first body byte, end of body) and counts the bytes sent and received.
+
+Added latency is time in the proxy less time in the upstream, for the same call:
+``(client's last byte − call start) − (upstream's last byte − dial start)``; added time to
+first byte likewise with first bytes. Both are observed only when the client reads its reply
+to the end. The two halves find each other through a context variable: the pipeline runs in
+one task, the capture that reads the upstream's body in a task it spawned (a copy of the
+context holding the same ``_Timing``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import generate_latest
+
+from egress_proxy.errors import ProxyError, UpstreamUnavailable
+from egress_proxy.transports.base import Transport, UpstreamRequest, UpstreamResponse
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
+    from egress_proxy.pipeline import Call, Committed, Handler, Reply
+
+__all__ = ["CONTENT_TYPE_LATEST", "ProxyMetrics"]
+
+#: Added latency is expected in the low milliseconds (two durable commits); buckets in seconds.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.002,
+    0.003,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+@dataclass
+class _Timing:
+    upstream: str
+    start: float
+    dial: float | None = None  # transport.send called
+    upstream_first: float | None = None  # first body chunk from the upstream
+    upstream_end: float | None = None  # the upstream's body ended (whole, cut or failed)
+
+
+_TIMING: ContextVar[_Timing | None] = ContextVar("affidavit_proxy_timing", default=None)
+
+
+class ProxyMetrics:
+    """The data plane's metrics, in a registry of their own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.calls = Counter(
+            "affidavit_proxy_calls",
+            "Model calls that reached a provider route.",
+            ["upstream"],
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "affidavit_proxy_outcomes",
+            "Calls by recorded outcome (COMMITTED, FAILED, UNKNOWN), or the error code of a "
+            "call whose reply was not recorded.",
+            ["upstream", "outcome"],
+            registry=r,
+        )
+        self.bytes = Counter(
+            "affidavit_proxy_bytes",
+            "Body bytes: request_in from the client, request_out to the upstream, response_in "
+            "from the upstream, response_out to the client.",
+            ["upstream", "direction"],
+            registry=r,
+        )
+        self.added_latency = Histogram(
+            "affidavit_proxy_added_latency_seconds",
+            "Time in the proxy less time in the upstream, to the reply's last byte.",
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.added_ttfb = Histogram(
+            "affidavit_proxy_added_ttfb_seconds",
+            "Time in the proxy less time in the upstream, to the reply's first byte.",
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus' text format (``CONTENT_TYPE_LATEST``)."""
+        return generate_latest(self.registry)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def refused(self, call: Call) -> None:
+        """A call refused after its body was read (malformed): recorded ``FAILED``, not sent."""
+        name = call.upstream.name
+        self.calls.labels(name).inc()
+        self.bytes.labels(name, "request_in").inc(len(call.input_bytes))
+        self.outcomes.labels(name, "FAILED").inc()
+
+    def stage(self, pipeline: Handler) -> Handler:
+        """``pipeline`` wrapped: counts, outcomes and the proxy's side of the timing."""
+
+        async def metered(call: Call) -> Reply:
+            name = call.upstream.name
+            timing = _Timing(name, time.perf_counter())
+            _TIMING.set(timing)
+            self.calls.labels(name).inc()
+            self.bytes.labels(name, "request_in").inc(len(call.input_bytes))
+            try:
+                reply = await pipeline(call)
+            except ProxyError as exc:  # ``capture`` recorded an unreachable upstream UNKNOWN
+                unknown = isinstance(exc, UpstreamUnavailable)
+                self.outcomes.labels(name, "UNKNOWN" if unknown else exc.code).inc()
+                raise
+            if reply.committed is None:  # not recorded here: counted by its status
+                self.outcomes.labels(name, f"status_{reply.status}").inc()
+            else:
+                reply.committed.add_done_callback(self._outcome(name))
+            return replace(reply, body=self._delivered(name, timing, reply.body))
+
+        return metered
+
+    def transport(self, inner: Transport) -> Transport:
+        """``inner`` wrapped: the upstream's side of the timing, bytes sent and received."""
+        return _MeteredTransport(inner, self)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _outcome(self, name: str) -> Callable[[asyncio.Future[Committed]], None]:
+        def done(future: asyncio.Future[Committed]) -> None:
+            if future.cancelled():
+                outcome = "cancelled"
+            elif (exc := future.exception()) is not None:
+                outcome = exc.code if isinstance(exc, ProxyError) else "error"
+            else:
+                outcome = future.result().outcome
+            self.outcomes.labels(name, outcome).inc()
+
+        return done
+
+    async def _delivered(
+        self, name: str, timing: _Timing, body: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        first: float | None = None
+        sent = 0
+        async for chunk in body:
+            if first is None:
+                first = time.perf_counter()
+            sent += len(chunk)
+            yield chunk
+        end = time.perf_counter()
+        first = end if first is None else first
+        self.bytes.labels(name, "response_out").inc(sent)
+        if timing.dial is None or timing.upstream_end is None:
+            return  # never dialed, or the upstream is still being read: nothing to compare
+        up_first = (
+            timing.upstream_first if timing.upstream_first is not None else timing.upstream_end
+        )
+        self.added_ttfb.labels(name).observe(
+            max(0.0, (first - timing.start) - (up_first - timing.dial))
+        )
+        self.added_latency.labels(name).observe(
+            max(0.0, (end - timing.start) - (timing.upstream_end - timing.dial))
+        )
+
+
+class _MeteredTransport:
+    def __init__(self, inner: Transport, metrics: ProxyMetrics) -> None:
+        self.inner, self.metrics = inner, metrics
+
+    async def send(self, request: UpstreamRequest) -> UpstreamResponse:
+        timing = _TIMING.get()
+        if timing is None:  # not a metered call: pass through
+            return await self.inner.send(request)
+        timing.dial = time.perf_counter()
+        self.metrics.bytes.labels(timing.upstream, "request_out").inc(len(request.body))
+        response = await self.inner.send(request)
+        return _MeteredResponse(response, timing, self.metrics)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _MeteredResponse:
+    def __init__(self, inner: UpstreamResponse, timing: _Timing, metrics: ProxyMetrics) -> None:
+        self.inner, self.timing, self.metrics = inner, timing, metrics
+        self.status = inner.status
+        self.headers = inner.headers
+
+    async def body(self) -> AsyncIterator[bytes]:
+        timing = self.timing
+        received = 0
+        try:
+            async for chunk in self.inner.body():
+                if timing.upstream_first is None:
+                    timing.upstream_first = time.perf_counter()
+                received += len(chunk)
+                yield chunk
+        finally:
+            timing.upstream_end = time.perf_counter()
+            self.metrics.bytes.labels(timing.upstream, "response_in").inc(received)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()

@@ -1,0 +1,1 @@
+"""The control plane's ``.proto`` and the Python code generated from it (``generate``)."""

@@ -1,0 +1,46 @@
+"""The proxy overhead bench runs end to end and keeps its promised output shape.
+
+Its figures are measurements, not assertions: this checks the table and the closing JSON
+line, never a speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_proxy_overhead_quick_prints_one_table_and_a_json_line() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "proxy_overhead.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    figures = json.loads(lines[-1])
+    assert set(figures) == {"figures", "targets", "met"}
+    measured = figures["figures"]
+    for mode in ("json", "stream"):
+        for clients in (1, 32):
+            f = measured[f"{mode}_c{clients}"]
+            for side in ("direct", "proxy"):
+                assert f[side]["calls_per_s"] > 0 and f[side]["p50_ms"] > 0, (mode, side)
+            for name in ("added_p50_ms", "added_p99_ms", "added_ttfb_ms", "throughput_ratio"):
+                assert isinstance(f[name], float), (mode, clients, name)
+    assert measured["durable_commit"]["p50_ms"] > 0
+    assert measured["proxy_metrics"]["mean_added_ms"] > 0  # the proxy's own /metrics saw calls
+    assert set(measured["published_added_ms_no_durable_record"]) == {
+        "LiteLLM",
+        "Portkey (local mock)",
+        "Bifrost (local mock)",
+    }
+    assert set(figures["met"]) == set(figures["targets"])
+    header = [line for line in lines if line.startswith("mode")]
+    assert len(header) == 1, "one table"
