@@ -6,29 +6,14 @@ references beside it and the closing JSON line, never a speed.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from bench_run import run_quick
 
 pytest.importorskip("torch", reason="the benchmark drives the engine: `engine` extra")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_determinism_cost_quick_prints_one_table_and_a_json_line() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "determinism_cost.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
-    report = json.loads(lines[-1])
+    lines, report = run_quick("determinism_cost.py")
     assert set(report) == {"figures", "run", "targets", "references", "met"}
     assert set(report["figures"]) == {"1", "4", "16"}
     for batch, row in report["figures"].items():

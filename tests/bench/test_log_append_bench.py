@@ -6,25 +6,11 @@ line, never a speed.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
+from bench_run import run_quick
 
 
 def test_log_append_quick_prints_one_table_and_a_json_line() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "log_append.py"), "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
-    figures = json.loads(lines[-1])
+    lines, figures = run_quick("log_append.py")
     assert set(figures) == {"figures", "targets", "met"}
     for size in ("2048", "16384"):
         measured = figures["figures"][size]
