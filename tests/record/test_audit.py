@@ -484,3 +484,26 @@ def test_against_forked_log(logs: Logs, target: str, kept_size: int, tmp_path: P
     assert problems <= allowed, problems
     if kept_size == 25:  # fork_b's checkpoint at 33 proves its tree at 25: a plain fork
         assert problems == {("checkpoint_inconsistent", 24)}
+
+
+def test_a_huge_claimed_seq_is_a_gap_reported_without_walking_the_range() -> None:
+    """A tampered line may claim seq 10**15: the audit names gaps and counts the rest."""
+    from record.audit import Row, audit_stream
+    from record.log import entry_line
+
+    def line(seq: int) -> bytes:
+        envelope = {
+            "schema_version": "1.0",
+            "stream": "s",
+            "seq": seq,
+            "event_id": "017f22e2-79b0-7cc3-98c4-dc0c0c07398f",
+            "kind": "turn.started",
+            "occurred_at": "2026-07-22T09:30:00.000000Z",
+            "key_epoch": 0,
+        }
+        return entry_line(envelope, "AAAA")[0]
+
+    problems = audit_stream("s", [Row(line(0)), Row(line(10**15))], [], None)
+    gaps = [p for p in problems if p.code == "seq_gap"]
+    assert [p.seq for p in gaps[:3]] == [1, 2, 3]
+    assert gaps[-1].seq is None and gaps[-1].detail == f"… and {10**15 - 1 - 50} more"
