@@ -2,8 +2,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
-# Debian packages the test suite drives for real (strace: the fsync-before-ack check).
-APT_PACKAGES := strace
+# Debian packages the test suite drives for real: strace (fsync before each acknowledgement),
+# nftables and iproute2 (the harness network rules, loaded into namespaces).
+APT_PACKAGES := strace nftables iproute2
 
 .PHONY: demo test lint typecheck unit bench fuzz system-deps clean
 
@@ -31,7 +32,7 @@ unit: $(BIN)/.installed
 
 # Installs what the tests drive for real, once, when it is missing (root on CI and here).
 system-deps:
-	@missing=""; for p in $(APT_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \

@@ -39,6 +39,7 @@ from egress_proxy.errors import (
     MethodNotAllowed,
     NotFound,
     ProxyError,
+    ReplayMiss,
     UpstreamError,
 )
 from egress_proxy.fetch import ExactTransport, Fetcher
@@ -153,6 +154,8 @@ def create_app(
         session = registry.authenticate(session_id, token_from_headers(request.headers))
         if fetcher is None:
             raise NotFound("fetch is not enabled on this proxy")
+        if session.replay is not None:
+            raise ReplayMiss("fetch is not served under replay: it would go live")
         if request.method != "POST":
             raise MethodNotAllowed(f"/v1/fetch takes POST, not {request.method}")
         raw = await read_body(request, config.max_body_bytes)

@@ -4,7 +4,8 @@ The harness has no other way to write the record: it opens sessions, sets pins a
 its own events (``turn.started``, ``turn.ended``) here, and the proxy's ``Log`` stays the
 single writer. ``StreamEntries`` hands out a stream's stored lines, exact bytes, for the panel
 and for mirroring; each line travels in chunks of at most 1 MiB, so no line is too big for a
-message limit. ``ArmReplay`` and ``GetVerdicts`` answer ``UNIMPLEMENTED`` until replay lands.
+message limit. ``ArmReplay`` arms a replay plan (``SessionRegistry.arm_replay``, with the
+appliance key) and ``GetVerdicts`` hands out its per-step verdicts.
 
 Access is the socket's: it is made 0600 once bound, and callers present no token (the
 session tokens are for the data plane). ``ControlClient`` is the typed client the harness and
@@ -148,15 +149,28 @@ class ControlServicer:
         return response
 
     def arm_replay(self, request: pb.ArmReplayRequest) -> pb.ArmReplayResponse:
-        raise _Abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "ArmReplay is not implemented yet: replay (egress_proxy.replay) has not landed",
-        )
+        session = self._session(request.session_id)
+        try:
+            armed, _ = self.registry.arm_replay(session, request.source_stream)
+        except KeyError as exc:
+            raise _Abort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
+        except ValueError as exc:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+        plan = armed.replay
+        assert plan is not None
+        tools = len(plan.transport.index.of_kind("tool"))
+        return pb.ArmReplayResponse(model_steps=len(plan.steps), tool_calls=tools)
 
     def get_verdicts(self, request: pb.GetVerdictsRequest) -> pb.GetVerdictsResponse:
-        raise _Abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "GetVerdicts is not implemented yet: replay verdicts have not landed",
+        plan = self._session(request.session_id).replay
+        if plan is None:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, "the session is not armed")
+        summary = plan.summary()
+        return pb.GetVerdictsResponse(
+            source_stream=plan.source,
+            verdicts_json=[json.dumps(v, sort_keys=True) for v in summary["verdicts"]],
+            tools_replayed=summary["tools_replayed"],
+            live_calls=summary["live_calls"],
         )
 
     def stream_entries(

@@ -49,6 +49,7 @@ from egress_proxy.errors import (
     MalformedBody,
     NotFound,
     ProxyError,
+    ReplayMiss,
     ReplyNotCommitted,
 )
 from egress_proxy.providers import CREDENTIAL_HEADERS
@@ -219,20 +220,28 @@ class McpGateway:
             await _answer(send, exc.status, exc.body())
             return
         if refusal is not None:
-            await _answer(send, ReplyNotCommitted.status, refusal)
+            await _answer(send, *refusal)
             return
         inner = dict(scope, headers=[h for h in scope["headers"] if h[0] not in _DROPPED])
         inner[_TARGET] = target
         await self.manager.handle_request(inner, _replay(raw, receive), send)
 
-    async def _pre_check(self, target: _Target, raw: bytes) -> bytes | None:
-        """The order rule, before the SDK sees the request: the 409 body, or None to go on."""
+    async def _pre_check(self, target: _Target, raw: bytes) -> tuple[int, bytes] | None:
+        """The order rule, before the SDK sees the request: the answer, or None to go on.
+
+        In a session armed with a replay plan, ``tools/call`` is answered here from the plan
+        and ``tools/list`` is a replay miss: neither reaches the SDK or the upstream.
+        """
         try:
             message = json.loads(raw) if raw else None
         except ValueError:
             return None  # the SDK answers a parse error
         if isinstance(message, list):
             raise MalformedBody("JSON-RPC batches are not served")
+        armed = target.session.replay is not None
+        if armed and isinstance(message, dict) and message.get("method") == "tools/list":
+            miss = ReplayMiss("tools/list is not served under replay: the record holds no list")
+            return miss.status, _refusal_body(message.get("id"), miss)
         if not isinstance(message, dict) or message.get("method") != "tools/call":
             return None
         params = message.get("params")
@@ -244,14 +253,50 @@ class McpGateway:
         try:
             ask = self._ask(target, params["name"], arguments, params.get("_meta"))
         except ReplyNotCommitted as exc:
-            return _refusal_body(message.get("id"), exc)  # names no reply: nothing to record
+            body = _refusal_body(message.get("id"), exc)  # names no reply: nothing to record
+            return exc.status, body
         try:
             await self.calls.check(target.session, ask)
         except ReplyNotCommitted as exc:
             body = _refusal_body(message.get("id"), exc)
             await self.calls.refuse(target.session, ask, body)
-            return body
+            return exc.status, body
+        if armed:
+            return await self._replayed(target, ask, message.get("id"))
         return None
+
+    async def _replayed(
+        self, target: _Target, ask: ToolAsk, request_id: object
+    ) -> tuple[int, bytes]:
+        """Serve an admitted call from the replay plan: the recorded ``tool.result`` is
+        appended with ``replayed_from``; a call the plan does not hold is refused (409
+        ``replay_miss``, recorded). No tool transport is touched either way."""
+        session = target.session
+        plan = session.replay
+        assert plan is not None
+        try:
+            recorded, result_seq = plan.tool_result(ask.server, ask.tool, ask.arguments)
+        except ReplayMiss as exc:
+            body = _refusal_body(request_id, exc)
+            await self.calls.refuse(session, ask, body)
+            return exc.status, body
+        call_seq = await self.calls.admit(session, ask)
+        await self.calls.result(
+            session,
+            call_seq,
+            recorded.outcome,
+            result_bytes=recorded.result_bytes,
+            error_bytes=recorded.error_bytes,
+            replayed_from=result_seq,
+        )
+        rid = _request_id(request_id)
+        if recorded.outcome == "COMMITTED" and recorded.result_bytes is not None:
+            result = json.loads(recorded.result_bytes)
+            return 200, canonical_json({"jsonrpc": "2.0", "id": rid, "result": result})
+        error = json.loads(recorded.error_bytes) if recorded.error_bytes else None
+        if not isinstance(error, dict):
+            error = {"code": types.INTERNAL_ERROR, "message": "the recorded call got no reply"}
+        return 200, canonical_json({"jsonrpc": "2.0", "id": rid, "error": error})
 
     def _ask(
         self, target: _Target, tool: str, arguments: dict[str, Any] | None, meta: object
@@ -288,6 +333,8 @@ class McpGateway:
 
     async def _call(self, ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
         target = _target(ctx)
+        if target.session.replay is not None:  # the route serves these: never go live here
+            raise _refused(ReplayMiss("a replayed tool call is served only from its plan"))
         try:  # checked again on what the SDK parsed: the rule holds whatever the route read
             ask = self._ask(target, params.name, params.arguments, params.meta)
         except ProxyError as exc:
@@ -359,15 +406,24 @@ def _unavailable(link: _Link, exc: BaseException) -> MCPError:
     return MCPError(types.INTERNAL_ERROR, message, {"code": "upstream_unavailable"})
 
 
-def _refusal_body(request_id: object, exc: ReplyNotCommitted) -> bytes:
-    """A JSON-RPC error (so MCP clients read it) carrying the proxy's stable code."""
+def _request_id(request_id: object) -> str | int | None:
+    if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+        return request_id
+    return None
+
+
+def _refusal_body(request_id: object, exc: ProxyError) -> bytes:
+    """A JSON-RPC error (so MCP clients read it) carrying the proxy's stable code; a replay
+    miss also carries ``nearest`` and ``diff`` in ``data``."""
     error = _refused(exc).error.model_dump(mode="json", by_alias=True, exclude_none=True)
-    rid = (
-        request_id
-        if isinstance(request_id, str | int) and not isinstance(request_id, bool)
-        else None
-    )
-    return canonical_json({"jsonrpc": "2.0", "id": rid, "error": error})
+    if isinstance(exc, ReplayMiss):
+        describe = getattr(exc.nearest, "describe", None)
+        error["data"] = {
+            **error.get("data", {}),
+            "nearest": describe() if callable(describe) else None,
+            "diff": exc.diff,
+        }
+    return canonical_json({"jsonrpc": "2.0", "id": _request_id(request_id), "error": error})
 
 
 async def _read(receive: Receive, limit: int) -> bytes:

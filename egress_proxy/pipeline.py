@@ -42,12 +42,14 @@ from pydantic import JsonValue
 
 from egress_proxy.clock import Clock, inject_clock
 from egress_proxy.errors import ProxyError, RecordUnavailable, UpstreamCut, UpstreamUnavailable
-from egress_proxy.pins import PinOutcome, apply_pins
+from egress_proxy.pins import PinOutcome, apply_pins, pins_entry
 from egress_proxy.providers import Dialect, params_of, reply_facts, splice_member
+from egress_proxy.replay_plan import VERDICT_KEY
 from egress_proxy.sessions import Session
 from egress_proxy.sse import Event, EventSplitter, parse_event
 from egress_proxy.tool_ids import RECORD_KEY, Deriver, map_back
 from egress_proxy.transports.base import Transport, UpstreamRequest, header
+from egress_proxy.transports.recorded import RecordedCall
 from record.digest import Domain, canonical_json, digest, prompt_bytes
 from record.log import Appended, Log
 from record.schema import ModelRequest, ModelResponse, Provider
@@ -97,6 +99,8 @@ class Call:
     request_seq: int | None = None
     content_key: str | None = None
     prompt_digest: str | None = None
+    replay_step: tuple[int, RecordedCall] | None = None  # armed session: the recorded twin
+    replay_verdict: dict[str, JsonValue] | None = None  # its verdict, once captured
 
     def rewrite(self, request: dict[str, Any]) -> None:
         """Replace the request a stage changed, and the bytes that will be sent with it."""
@@ -174,6 +178,7 @@ def build_pipeline(
     """
     stages = [
         annotate,
+        replay_step(log),
         pins,
         clock_stage(clock if clock is not None else Clock.system()),
         tool_ids,
@@ -184,6 +189,31 @@ def build_pipeline(
 
 
 # -- request stages ----------------------------------------------------------------------------
+
+
+def replay_step(log: Log) -> Stage:
+    """In a session armed with a replay plan: take the next recorded step, put its pins
+    (recorded as ``pins.set`` when they change) and its clock (``Clock.fixed``) on the
+    session, and let ``capture`` judge the reply against it. Past the plan: ``ReplayMiss``."""
+
+    async def stage(call: Call, next: Handler) -> Reply:
+        plan = call.session.replay
+        if plan is None:
+            return await next(call)
+        model = call.request.get("model")
+        name = model if isinstance(model, str) else ""
+        ordinal, step = plan.next_step(call.upstream.url, name, call.input_bytes)
+        body = step.body
+        assert isinstance(body, ModelRequest)
+        session = call.session
+        if (step.pins or None) != (session.pins or None):
+            await _append(log, session, pins_entry(dict(step.pins or {})))
+            session.pins = dict(step.pins) if step.pins else None
+        session.clock = Clock.fixed(body.clock) if body.clock is not None else None
+        call.replay_step = (ordinal, step)
+        return await next(call)
+
+    return stage
 
 
 async def pins(call: Call, next: Handler) -> Reply:
@@ -280,7 +310,7 @@ def _provider(call: Call) -> Provider:
     )
 
 
-async def _append(log: Log, session: Session, body: ModelRequest | ModelResponse) -> Appended:
+async def _append(log: Log, session: Session, body: Any) -> Appended:
     try:
         appended = await log.append_async(session.id, body)
     except Exception as exc:
@@ -372,6 +402,25 @@ class _Pump:
         return bytes(received), None
 
     def _response(self, body: bytes, cut: UpstreamCut | None) -> ModelResponse:
+        entry = self._response_of(body, cut)
+        call = self.call
+        if call.replay_step is None or call.session.replay is None:
+            return entry
+        ordinal, step = call.replay_step
+        verdict = call.session.replay.verdict(
+            ordinal,
+            step,
+            prompt_digest=call.prompt_digest,
+            clock=call.clock,
+            content_key=call.content_key,
+            reply=body if cut is None else b"",
+            status=self.reply.status if cut is None else 0,
+        )
+        call.replay_verdict = verdict
+        block = {**(entry.reproducibility or {}), VERDICT_KEY: cast(JsonValue, verdict)}
+        return entry.model_copy(update={"reproducibility": block})
+
+    def _response_of(self, body: bytes, cut: UpstreamCut | None) -> ModelResponse:
         assert self.call.request_seq is not None
         seq, status = self.call.request_seq, self.reply.status
         if cut is not None:  # what arrived before the cut, kept as evidence
@@ -499,7 +548,7 @@ def annotation(call: Call, committed: Committed) -> dict[str, Any]:
         "tree_size": appended.tree_size,
         "root_hash": base64.b64encode(appended.root_hash).decode("ascii"),
         "checkpoint": note.decode("utf-8") if note is not None else None,
-        "replay": None,
+        "replay": call.replay_verdict,
     }
 
 

@@ -23,7 +23,7 @@ import secrets
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import uuid6
 from pydantic import JsonValue
@@ -33,9 +33,23 @@ from egress_proxy.errors import Unauthorized
 from egress_proxy.pins import PINNABLE, pins_entry, validate_pins
 from egress_proxy.tool_ids import ToolIdTable
 from record.log import Appended, Log
-from record.seal import RecipientKey
+from record.seal import KeyPair, RecipientKey
 
-__all__ = ["PINNABLE", "OpenedSession", "Session", "SessionRegistry", "token_from_headers"]
+if TYPE_CHECKING:
+    from egress_proxy.replay_plan import ReplayPlan
+
+__all__ = [
+    "PINNABLE",
+    "REPLAYS_LABEL",
+    "OpenedSession",
+    "Session",
+    "SessionRegistry",
+    "token_from_headers",
+]
+
+
+#: The label that names, in ``stream.opened``, the recorded stream a session replays.
+REPLAYS_LABEL = "affidavit/replays"
 
 
 class OpenedSession(NamedTuple):
@@ -65,6 +79,7 @@ class Session:
     latest_checkpoint: bytes | None = None  # the newest signed note of this stream
     clock: Clock | None = None  # overrides the proxy's clock (a replay plan pins it here)
     tool_ids: ToolIdTable = field(default_factory=ToolIdTable, repr=False)
+    replay: ReplayPlan | None = field(default=None, repr=False)  # armed: re-execute
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def noted(self, appended: Appended) -> None:
@@ -155,6 +170,44 @@ class SessionRegistry:
             target.noted(appended)
             target.pins = checked or None
         return appended
+
+    def arm_replay(
+        self,
+        session: str | Session | None,
+        replays: str,
+        key: KeyPair | None = None,
+        recipients: Sequence[RecipientKey] = (),
+    ) -> tuple[Session, OpenedSession | None]:
+        """Arm a replay plan of the recorded stream ``replays`` on a session.
+
+        ``session`` None opens a new one (sealed to ``recipients`` and the appliance key)
+        whose ``stream.opened`` names ``replays`` under ``REPLAYS_LABEL``; an open session
+        must have been opened with that label. ``key`` opens the old stream (default: the
+        appliance key). The plan is read before anything is armed; a session already armed is
+        refused (``ValueError``).
+        """
+        from egress_proxy.replay_plan import load_plan
+
+        opener = key if key is not None else self.log.appliance_key
+        if opener is None:
+            raise ValueError("arming a replay needs a key that opens the replayed stream")
+        plan = load_plan(self.log, replays, opener)
+        opened = None
+        if session is None:
+            opened = self.open_session(recipients, {REPLAYS_LABEL: replays})
+            session = opened.session_id
+        target = self.get(session) if isinstance(session, str) else session
+        if target is None:
+            raise KeyError(f"no open session {session!r}")
+        if target.labels.get(REPLAYS_LABEL) != replays:
+            raise ValueError(
+                f"session {target.id} was not opened with label {REPLAYS_LABEL}={replays}"
+            )
+        with self._pins_lock:
+            if target.replay is not None:
+                raise ValueError(f"session {target.id} is already armed")
+            target.replay = plan
+        return target, opened
 
 
 def _with_appliance(recipients: Iterable[RecipientKey], log: Log) -> Iterable[RecipientKey]:

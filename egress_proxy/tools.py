@@ -194,6 +194,7 @@ class ToolCalls:
         *,
         result_bytes: bytes | None = None,
         error_bytes: bytes | None = None,
+        replayed_from: int | None = None,
     ) -> Appended:
         body = ToolResult(
             call_seq=call_seq,
@@ -202,6 +203,7 @@ class ToolCalls:
             result_digest=_digest(Domain.TOOL_RESULT, result_bytes),
             error_bytes=error_bytes,
             error_digest=_digest(Domain.ERROR, error_bytes),
+            replayed_from=replayed_from,
         )
         return await self._append(session, body)
 

@@ -81,8 +81,12 @@ class ArmReplayRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., source_stream: _Optional[str] = ...) -> None: ...
 
 class ArmReplayResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("model_steps", "tool_calls")
+    MODEL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    model_steps: int
+    tool_calls: int
+    def __init__(self, model_steps: _Optional[int] = ..., tool_calls: _Optional[int] = ...) -> None: ...
 
 class StreamEntriesRequest(_message.Message):
     __slots__ = ("stream", "from_seq", "follow")
@@ -113,5 +117,13 @@ class GetVerdictsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class GetVerdictsResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("source_stream", "verdicts_json", "tools_replayed", "live_calls")
+    SOURCE_STREAM_FIELD_NUMBER: _ClassVar[int]
+    VERDICTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    LIVE_CALLS_FIELD_NUMBER: _ClassVar[int]
+    source_stream: str
+    verdicts_json: _containers.RepeatedScalarFieldContainer[str]
+    tools_replayed: int
+    live_calls: int
+    def __init__(self, source_stream: _Optional[str] = ..., verdicts_json: _Optional[_Iterable[str]] = ..., tools_replayed: _Optional[int] = ..., live_calls: _Optional[int] = ...) -> None: ...

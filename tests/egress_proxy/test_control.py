@@ -8,7 +8,7 @@
   other kinds are refused.
 - ``StreamEntries`` hands out the stored lines' exact bytes from a seq, a 16 MiB tool result
   included (chunked), and follows a stream as it grows.
-- ``ArmReplay`` and ``GetVerdicts`` answer ``UNIMPLEMENTED``.
+- ``ArmReplay`` arms only a session opened naming the stream; ``GetVerdicts`` reads its plan.
 - The socket is 0600; ``ProxyServer(control_socket=…)`` serves it; the generated code is
   what ``control.proto`` generates now.
 """
@@ -197,14 +197,21 @@ def test_following_a_stream_sends_new_entries(rig: Rig, client: ControlClient) -
     assert seq == 1 and line == next(iter(rig.log.store.entries(opened.session_id, 1))).line
 
 
-def test_replay_calls_are_unimplemented(rig: Rig, client: ControlClient) -> None:
-    opened = client.open_session([rig.user.recipient])
+def test_replay_arms_only_a_session_that_names_its_stream(rig: Rig, client: ControlClient) -> None:
+    old = client.open_session([rig.user.recipient])
+    plain = client.open_session([rig.user.recipient])
     with pytest.raises(grpc.RpcError) as info:
-        client.arm_replay(opened.session_id, opened.session_id)
-    assert code_of(info) == grpc.StatusCode.UNIMPLEMENTED
+        client.arm_replay(plain.session_id, old.session_id)
+    assert code_of(info) == grpc.StatusCode.FAILED_PRECONDITION
     with pytest.raises(grpc.RpcError) as info:
-        client.get_verdicts(opened.session_id)
-    assert code_of(info) == grpc.StatusCode.UNIMPLEMENTED
+        client.get_verdicts(plain.session_id)
+    assert code_of(info) == grpc.StatusCode.FAILED_PRECONDITION
+    new = client.open_session([rig.user.recipient], {"affidavit/replays": old.session_id})
+    armed = client.arm_replay(new.session_id, old.session_id)
+    assert (armed.model_steps, armed.tool_calls) == (0, 0)
+    verdicts = client.get_verdicts(new.session_id)
+    assert verdicts.source_stream == old.session_id and list(verdicts.verdicts_json) == []
+    assert verdicts.live_calls == 0
 
 
 def test_the_proxy_serves_its_control_socket(tmp_path: Path) -> None:

@@ -63,10 +63,42 @@ class Remote:
         return server.streamable_http_app(json_response=True, host="127.0.0.1")
 
 
+class Sentinel:
+    """A listening socket standing in for a tool upstream: it only counts connections."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.05)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/mcp"
+        self.accepted = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._count, daemon=True)
+        self._thread.start()
+
+    def _count(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
 @dataclass
 class ToolRig:
     rig: Rig
     remote: Remote
+    sentinel: Sentinel
 
 
 @contextmanager
@@ -86,6 +118,8 @@ def build_tool_rig(tmp: Path) -> Iterator[ToolRig]:
         },
     }
     env = {**ENV, "TEST_REMOTE_MCP_TOKEN": REMOTE_TOKEN}
+    sentinel = Sentinel()
+    servers["sentinel"] = {"transport": "streamable_http", "url": sentinel.url}
     with LoopbackServer(upstream) as up, LoopbackServer(remote.app()) as far:
         servers["remote"] = {
             "transport": "streamable_http",
@@ -96,7 +130,8 @@ def build_tool_rig(tmp: Path) -> Iterator[ToolRig]:
         config = proxy_config(up.url, mcp_servers=servers, fetch=fetch)
         with ProxyServer(config, log, env=env) as proxy:
             rig = Rig(upstream, up.url, proxy, log, store_path, KeyPair.generate(), appliance)
-            yield ToolRig(rig, remote)
+            yield ToolRig(rig, remote, sentinel)
+    sentinel.close()
     log.close()
 
 
