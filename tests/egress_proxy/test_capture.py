@@ -39,7 +39,15 @@ from egress_proxy.server import ProxyServer
 from egress_proxy.sse import EventSplitter, parse_event
 from record.digest import Domain, canonical_json, digest
 from record.log import Log
-from record.schema import ModelRequest, ModelResponse, Provider
+from record.schema import (
+    FetchRequest,
+    FetchResponse,
+    ModelRequest,
+    ModelResponse,
+    Provider,
+    ToolCall,
+    ToolResult,
+)
 from record.seal import KeyPair
 from tests.egress_proxy.loopback import (
     ENV,
@@ -291,6 +299,46 @@ def test_recover_unknown_answers_each_unanswered_request_once(tmp_path: Path) ->
         (second.seq, "UNKNOWN"),
         (third.seq, "UNKNOWN"),
     ]
+
+
+def test_recover_unknown_also_answers_open_tool_calls_and_fetches(tmp_path: Path) -> None:
+    """A crash between a tool call (or a fetch) and its result leaves the result UNKNOWN."""
+    appliance = KeyPair.generate()
+    args = b'{"q":1}'
+    with Log.open(tmp_path / "r.db", appliance_key=appliance) as log:
+        log.open_stream("a", [appliance.recipient])
+        reply = log.append("a", ModelResponse(request_seq=0, outcome="COMMITTED"))
+        call = ToolCall(
+            reply_seq=reply.seq,
+            call_id="call_1",
+            server="s",
+            tool="t",
+            arguments=args,
+            arguments_digest=digest(Domain.TOOL_ARGUMENTS, args),
+            idempotent=False,
+        )
+        answered = log.append("a", call)
+        log.append("a", ToolResult(call_seq=answered.seq, outcome="COMMITTED"))
+        open_call = log.append("a", call)
+        raw = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+        fetch = FetchRequest(
+            method="GET",
+            url="http://x/",
+            request_bytes=raw,
+            content_key=digest(Domain.FETCH_REQUEST, raw),
+        )
+        open_fetch = log.append("a", fetch)
+        recovered = recover_unknown(log)
+        assert [(r.kind, r.request_seq) for r in recovered] == [
+            ("tool.call", open_call.seq),
+            ("fetch.request", open_fetch.seq),
+        ]
+        assert recover_unknown(log) == []
+    bodies = [b for _, b in read_bodies(tmp_path / "r.db", "a", appliance).values()]
+    assert isinstance(bodies[-2], ToolResult) and bodies[-2].call_seq == open_call.seq
+    assert bodies[-2].outcome == "UNKNOWN"
+    assert isinstance(bodies[-1], FetchResponse) and bodies[-1].request_seq == open_fetch.seq
+    assert bodies[-1].outcome == "UNKNOWN"
 
 
 def test_a_killed_proxy_leaves_unknown_on_the_next_start(tmp_path: Path) -> None:
