@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,12 +48,14 @@ from record.checkpoint import (
     log_origin,
     open_checkpoint,
 )
+from record.digest import Domain, digest
 from record.errors import CannotOpen, SchemaError
 from record.reader import StreamKeys, digest_mismatches
 from record.schema import (
     CLEAR_KINDS,
     Entry,
     EntryHead,
+    EvidenceArchived,
     KeyRotated,
     StreamOpened,
     parse_body,
@@ -146,8 +148,12 @@ def audit_stream(
     *,
     key: KeyPair | None = None,
     kept: Sequence[tuple[str, bytes]] = (),
+    evidence: Callable[[str], bytes | None] | None = None,
 ) -> list[Problem]:
     """Every problem of one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs.
+
+    ``evidence`` reads an archived evidence file by name (``None`` when it is missing); with
+    a key, each ``evidence.archived`` entry's file is checked against its digest.
 
     One streaming pass over ``rows``: only leaf hashes and ``seq`` numbers are kept, so
     memory grows with the number of entries, not their bytes (bodies are kept only when a
@@ -160,7 +166,7 @@ def audit_stream(
     signed = _check_signatures(checkpoints, kept, log_key, origin, out)
     _check_tree(scan.leaves, signed, out)
     if key is not None:
-        _check_bodies(stream, scan.kept, key, out)
+        _check_bodies(stream, scan.kept, key, out, evidence)
     return out.finish()
 
 
@@ -409,7 +415,13 @@ def _roots_at(leaves: Sequence[bytes], sizes: set[int]) -> dict[int, bytes]:
     return roots
 
 
-def _check_bodies(stream: str, entries: Sequence[Entry], key: KeyPair, out: _Problems) -> None:
+def _check_bodies(
+    stream: str,
+    entries: Sequence[Entry],
+    key: KeyPair,
+    out: _Problems,
+    evidence: Callable[[str], bytes | None] | None,
+) -> None:
     try:
         keys = StreamKeys.collect(stream, entries, key)
     except (CannotOpen, SchemaError) as exc:
@@ -426,6 +438,13 @@ def _check_bodies(stream: str, entries: Sequence[Entry], key: KeyPair, out: _Pro
             continue
         for problem in digest_mismatches(body):
             out.add("body_digest_mismatch", entry.seq, f"{entry.kind}: {problem}")
+        if evidence is not None and isinstance(body, EvidenceArchived):
+            data = evidence(body.file)
+            if data is None:
+                out.add("malformed_bundle", entry.seq, f"evidence/{body.file} is missing")
+            elif digest(Domain.EVIDENCE, data) != body.evidence_digest:
+                detail = f"evidence/{body.file} does not match its evidence_digest"
+                out.add("body_digest_mismatch", entry.seq, detail)
 
 
 def verify_store(

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from record.audit import Problem, Report, Row, audit_stream
-from record.digest import Domain, digest
-from record.errors import CannotOpen, SchemaError, StoreMissing, UnknownStream
-from record.reader import StreamKeys
-from record.schema import CLEAR_KINDS, SCHEMA_VERSION, EvidenceArchived, parse_entry
+from record.errors import StoreMissing, UnknownStream
+from record.schema import CLEAR_KINDS, SCHEMA_VERSION, parse_entry
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
 
@@ -161,37 +159,22 @@ def verify_bundle(
     report.entries = len(rows)
     report.streams = [stream]
     kept_pairs = [(f"kept checkpoint #{i}", note) for i, note in enumerate(kept)]
-    report.problems += audit_stream(stream, rows, notes, log_key, key=key, kept=kept_pairs)
-    if key is not None:
-        report.problems += _check_evidence(root, stream, rows, key)
+    report.problems += audit_stream(
+        stream, rows, notes, log_key, key=key, kept=kept_pairs, evidence=_evidence_reader(root)
+    )
     return report
 
 
-def _check_evidence(root: Path, stream: str, rows: Sequence[Row], key: KeyPair) -> list[Problem]:
-    """Each ``evidence.archived`` entry's file is in ``evidence/`` and hashes to its digest."""
-    problems: list[Problem] = []
-    try:
-        entries = [parse_entry(row.line) for row in rows]
-        keys = StreamKeys.collect(stream, entries, key)
-    except (SchemaError, CannotOpen):
-        return problems  # the audit has already named these
-    for entry in entries:
-        if entry.kind != "evidence.archived":
-            continue
-        try:
-            body = keys.open(entry)
-        except (SchemaError, CannotOpen):
-            continue  # named by the audit
-        assert isinstance(body, EvidenceArchived)
-        path = root / EVIDENCE / body.file
-        if "/" in body.file or not path.is_file():
-            problems.append(
-                Problem("malformed_bundle", stream, entry.seq, f"{EVIDENCE}/{body.file} is missing")
-            )
-        elif digest(Domain.EVIDENCE, path.read_bytes()) != body.evidence_digest:
-            detail = f"{EVIDENCE}/{body.file} does not match its evidence_digest"
-            problems.append(Problem("body_digest_mismatch", stream, entry.seq, detail))
-    return problems
+def _evidence_reader(root: Path) -> Callable[[str], bytes | None]:
+    """Read ``evidence/NAME`` of the bundle; ``None`` when it is missing or not a plain name."""
+
+    def read(name: str) -> bytes | None:
+        path = root / EVIDENCE / name
+        if "/" in name or name.startswith(".") or not path.is_file():
+            return None
+        return path.read_bytes()
+
+    return read
 
 
 def _read_index(root: Path) -> tuple[dict[str, Any] | None, str | None, list[Problem]]:

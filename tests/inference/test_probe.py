@@ -17,8 +17,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,6 @@ import pytest
 for _module in ("torch", "fastapi", "uvicorn"):
     pytest.importorskip(_module, reason="the probe's tests serve the engine: `engine` extra")
 
-import uvicorn  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
@@ -36,25 +33,11 @@ from harness.cli import build_parser, main  # noqa: E402
 from inference.cli import run_probe  # noqa: E402
 from inference.probe import ProbeConfig, base_url, parse_batch_sizes, probe_request  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
+from tests.inference.serving import serve_in_thread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
 SMALL = ["--probes", "3", "--batch-sizes", "1,2,8", "--max-tokens", "6"]
-
-
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` on a free loopback port; yield its URL; stop it afterwards."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,11 +35,11 @@ for _module in ("torch", "fastapi", "uvicorn", "httpx", "openai"):
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-import uvicorn  # noqa: E402
 
 from inference.server import Engine, create_app  # noqa: E402
 from inference.tool_calls import derived_tool_call_ids  # noqa: E402
 from record.digest import Domain, digest_hex, prompt_digest  # noqa: E402
+from tests.inference.serving import serve_in_thread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 60.0
@@ -65,15 +64,7 @@ def engine(tiny_model_dir: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def base_url(engine: Engine) -> Iterator[str]:
-    config = uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    _wait(lambda: server.started, "uvicorn to start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(TIMEOUT_S)
+    yield from serve_in_thread(create_app(engine), timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,6 @@ import json
 import os
 import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,6 @@ for _module in ("torch", "fastapi", "uvicorn", "httpx", "openai"):
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-import uvicorn  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
@@ -51,25 +48,11 @@ from inference.vllm import (  # noqa: E402
     vllm_command,
 )
 from record.digest import Domain, digest_hex, prompt_digest  # noqa: E402
+from tests.inference.serving import serve_in_thread  # noqa: E402
 
 VERSION = "0.11.0-test-double"
 DIGEST = "sha256:" + "ab" * 32
 MESSAGES: Any = [{"role": "user", "content": "hello there"}]
-
-
-def serve_in_thread(app: FastAPI) -> Iterator[str]:
-    """Serve ``app`` on a free loopback port; yield its URL; stop it afterwards."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
 
 
 class FakeVllm:

@@ -52,6 +52,7 @@ from record.schema import (
     parse_entry,
 )
 from record.seal import KeyPair
+from tests.record.raw_store import stored_lines
 
 STREAM = "bad-input"
 ALL_BYTES = bytes(range(256))
@@ -93,17 +94,6 @@ def json_report(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(result.stdout)
     assert set(doc) == {"ok", "entries", "problems"}
     return doc
-
-
-def stored_lines(store: Path, stream: str) -> list[bytes]:
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT line FROM entries WHERE stream = ? ORDER BY seq", (stream,)
-        ).fetchall()
-    finally:
-        conn.close()
-    return [bytes(r[0]) for r in rows]
 
 
 def bundle_entries(bundle: Path) -> list[Entry]:

@@ -39,6 +39,7 @@ from record.log import LOG_KEY_NAME, Log
 from record.reader import StreamKeys
 from record.schema import EvidenceArchived, ModelResponse, parse_entry
 from record.seal import KeyPair
+from tests.record.raw_store import stored_lines
 
 SESSION = "session-1"
 OTHER = "session-2"
@@ -86,11 +87,6 @@ def sql(store: Path, query: str, *params: object) -> list[tuple[Any, ...]]:
         return conn.execute(query, params).fetchall()
     finally:
         conn.close()
-
-
-def stored_lines(store: Path, stream: str) -> list[bytes]:
-    rows = sql(store, "SELECT line FROM entries WHERE stream = ? ORDER BY seq", stream)
-    return [bytes(r[0]) for r in rows]
 
 
 def stored_notes(store: Path, stream: str) -> list[bytes]:

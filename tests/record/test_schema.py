@@ -19,7 +19,6 @@ import base64
 import hashlib
 import json
 import re
-import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,6 +51,7 @@ from record.schema import (
     project_v1,
 )
 from record.seal import KeyPair, seal
+from tests.record.raw_store import stored_lines
 
 STREAM = "schema-test"
 
@@ -132,18 +132,6 @@ def model_response(request_seq: int, reply: bytes, **extra: Any) -> ModelRespons
         fingerprint="fp_0123",
         **extra,
     )
-
-
-def stored_lines(store: Path, stream: str) -> list[bytes]:
-    """The stored lines read with the sqlite3 module, not through ``record``."""
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT line FROM entries WHERE stream = ? ORDER BY seq", (stream,)
-        ).fetchall()
-    finally:
-        conn.close()
-    return [bytes(r[0]) for r in rows]
 
 
 def names(field: str) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -53,23 +52,13 @@ from record.schema import (
     parse_entry,
 )
 from record.seal import KeyPair, RecipientKey
+from tests.record.raw_store import stored_lines
 
 STREAM = "seal-test"
 SECRET = "zanzibar-marmalade-7731"  # appears in bodies only; never in stored bytes
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def stored_lines(store: Path, stream: str) -> list[bytes]:
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        rows = conn.execute(
-            "SELECT line FROM entries WHERE stream = ? ORDER BY seq", (stream,)
-        ).fetchall()
-    finally:
-        conn.close()
-    return [bytes(r[0]) for r in rows]
 
 
 def jcs_line(value: object) -> bytes:
