@@ -39,7 +39,6 @@ from egress_proxy.errors import (
     MethodNotAllowed,
     NotFound,
     ProxyError,
-    ReplayMiss,
     UpstreamError,
 )
 from egress_proxy.fetch import ExactTransport, Fetcher
@@ -154,12 +153,13 @@ def create_app(
         session = registry.authenticate(session_id, token_from_headers(request.headers))
         if fetcher is None:
             raise NotFound("fetch is not enabled on this proxy")
-        if session.replay is not None:
-            raise ReplayMiss("fetch is not served under replay: it would go live")
         if request.method != "POST":
             raise MethodNotAllowed(f"/v1/fetch takes POST, not {request.method}")
         raw = await read_body(request, config.max_body_bytes)
-        answer = await asyncio.shield(tasks.spawn(fetcher.fetch(session, raw)))
+        if session.replay is not None:  # served from the plan: a replay never goes live
+            answer = await fetcher.replayed(session, raw, session.replay)
+        else:
+            answer = await asyncio.shield(tasks.spawn(fetcher.fetch(session, raw)))
         headers = _record_headers(session.id, answer.request_seq)
         return Response(answer.body, answer.status, headers, media_type="application/json")
 

@@ -43,10 +43,12 @@ CHUNK = 1 << 20  # the most line bytes one EntryChunk carries
 MAX_MESSAGE = 64 << 20  # a request (an AppendEvent body) may be this big
 POLL = 0.05  # seconds between looks at a followed stream
 
-#: The kinds a harness may append, with the bytes field, digest field and domain they pair.
-HARNESS_KINDS: dict[str, tuple[str, str, Domain]] = {
+#: The kinds a harness may append, with the bytes field, digest field and domain they pair
+#: (None: the kind carries no bytes of its own).
+HARNESS_KINDS: dict[str, tuple[str, str, Domain] | None] = {
     "turn.started": ("input_bytes", "input_digest", Domain.INPUT),
     "turn.ended": ("answer_bytes", "answer_digest", Domain.RESPONSE),
+    "turn.decided": None,
 }
 
 _OPTIONS = [
@@ -119,8 +121,7 @@ class ControlServicer:
         return pb.SetPinsResponse(seq=appended.seq)
 
     def append_event(self, request: pb.AppendEventRequest) -> pb.AppendEventResponse:
-        pair = HARNESS_KINDS.get(request.kind)
-        if pair is None:
+        if request.kind not in HARNESS_KINDS:
             allowed = ", ".join(sorted(HARNESS_KINDS))
             raise _Abort(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -131,16 +132,18 @@ class ControlServicer:
             body = parse_body(request.kind, request.body_json)
         except SchemaError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        data_field, digest_field, domain = pair
-        data: bytes | None = getattr(body, data_field)
-        stated: str | None = getattr(body, digest_field)
-        if (data is None) != (stated is None) or (
-            data is not None and digest(domain, data) != stated
-        ):
-            raise _Abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{digest_field} is not the digest of {data_field}",
-            )
+        pair = HARNESS_KINDS[request.kind]
+        if pair is not None:
+            data_field, digest_field, domain = pair
+            data: bytes | None = getattr(body, data_field)
+            stated: str | None = getattr(body, digest_field)
+            if (data is None) != (stated is None) or (
+                data is not None and digest(domain, data) != stated
+            ):
+                raise _Abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{digest_field} is not the digest of {data_field}",
+                )
         appended = self.log.append(session.id, body)
         session.noted(appended)
         response = pb.AppendEventResponse(seq=appended.seq, event_id=appended.event_id)
@@ -151,14 +154,19 @@ class ControlServicer:
     def arm_replay(self, request: pb.ArmReplayRequest) -> pb.ArmReplayResponse:
         session = self._session(request.session_id)
         try:
-            armed, _ = self.registry.arm_replay(session, request.source_stream)
+            turn = request.turn if request.HasField("turn") else None
+            override = _pins(request.pins_json)
+            armed, _ = self.registry.arm_replay(
+                session, request.source_stream, turn=turn, pins_override=override
+            )
         except KeyError as exc:
             raise _Abort(grpc.StatusCode.NOT_FOUND, str(exc)) from None
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         plan = armed.replay
         assert plan is not None
-        tools = len(plan.transport.index.of_kind("tool"))
+        index = plan.transport.index
+        tools = len(index.of_kind("tool")) + len(index.of_kind("fetch"))
         return pb.ArmReplayResponse(model_steps=len(plan.steps), tool_calls=tools)
 
     def get_verdicts(self, request: pb.GetVerdictsRequest) -> pb.GetVerdictsResponse:
@@ -330,9 +338,19 @@ class ControlClient:
         return self._call("AppendEvent", request, pb.AppendEventResponse, timeout)
 
     def arm_replay(
-        self, session_id: str, source_stream: str, *, timeout: float = 30.0
+        self,
+        session_id: str,
+        source_stream: str,
+        *,
+        turn: int | None = None,
+        pins: Mapping[str, JsonValue] | None = None,
+        timeout: float = 30.0,
     ) -> pb.ArmReplayResponse:
         request = pb.ArmReplayRequest(session_id=session_id, source_stream=source_stream)
+        if turn is not None:
+            request.turn = turn
+        if pins:
+            request.pins_json = json.dumps(dict(pins))
         return self._call("ArmReplay", request, pb.ArmReplayResponse, timeout)
 
     def get_verdicts(self, session_id: str, *, timeout: float = 30.0) -> pb.GetVerdictsResponse:

@@ -35,6 +35,7 @@ from egress_proxy.errors import (
     UpstreamUnavailable,
 )
 from egress_proxy.providers import CREDENTIAL_HEADERS, parse_request
+from egress_proxy.replay_plan import ReplayPlan
 from egress_proxy.sessions import Session
 from egress_proxy.tool_config import FetchConfig
 from egress_proxy.tools import append
@@ -194,22 +195,34 @@ class Fetcher:
             await response.aclose()
         whole = head + bytes(received)
         entry = await self._record(session, first.seq, "COMMITTED", response.status, whole)
-        answer = {
-            "status": response.status,
-            "reason": response.reason,
-            "http_version": response.http_version,
-            "headers": [list(pair) for pair in response.raw_headers],
-            "body": base64.b64encode(bytes(received)).decode("ascii"),
-            "affidavit": {
-                "stream": session.id,
-                "request_seq": first.seq,
-                "seq": entry.seq,
-                "outcome": "COMMITTED",
-                "content_key": request.content_key,
-                "response_digest": digest(Domain.FETCH_RESPONSE, whole),
-            },
-        }
-        return FetchAnswer(200, json.dumps(answer, separators=(",", ":")).encode(), first.seq)
+        note = _note(session.id, first.seq, entry.seq, request.content_key, whole)
+        return FetchAnswer(200, answer_json(whole, note), first.seq)
+
+    async def replayed(self, session: Session, raw: bytes, plan: ReplayPlan) -> FetchAnswer:
+        """Serve a fetch from a session's replay plan: the recorded response is appended again
+        with ``replayed_from``; a fetch the plan does not hold raises ``ReplayMiss``. Nothing
+        is dialed either way."""
+        ask = parse_fetch(raw, self.config.user_agent)
+        sent = ask.request_bytes()
+        recorded, recorded_seq = plan.fetch_result(ask.url, sent)
+        request = FetchRequest(
+            method=ask.method,
+            url=ask.url,
+            request_bytes=sent,
+            content_key=digest(Domain.FETCH_REQUEST, sent),
+        )
+        first = await append(self.log, session, request)
+        replay = recorded.model_copy(
+            update={"request_seq": first.seq, "replayed_from": recorded_seq}
+        )
+        entry = await append(self.log, session, replay)
+        if recorded.outcome != "COMMITTED" or recorded.response_bytes is None:
+            body = recorded.error_bytes or b'{"error":{"code":"upstream_unavailable"}}'
+            return FetchAnswer(recorded.status or 502, body, first.seq)
+        whole = recorded.response_bytes
+        note = _note(session.id, first.seq, entry.seq, request.content_key, whole)
+        note["replayed_from"] = recorded_seq
+        return FetchAnswer(200, answer_json(whole, note), first.seq)
 
     async def _record(
         self,
@@ -241,6 +254,38 @@ class Fetcher:
         )
         await append(self.log, session, entry)
         return FetchAnswer(error.status, body, request_seq)
+
+
+def _note(
+    stream: str, request_seq: int, seq: int, content_key: str, whole: bytes
+) -> dict[str, object]:
+    return {
+        "stream": stream,
+        "request_seq": request_seq,
+        "seq": seq,
+        "outcome": "COMMITTED",
+        "content_key": content_key,
+        "response_digest": digest(Domain.FETCH_RESPONSE, whole),
+    }
+
+
+def answer_json(whole: bytes, note: dict[str, object] | None = None) -> bytes:
+    """The client's JSON answer for a response recorded as ``whole`` (status line, header
+    lines, blank line, body): live, replayed and reconstructed fetches answer alike."""
+    head, _, body = whole.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    version, status, reason = [*status_line.split(" ", 2), "", ""][:3]
+    headers = [list(line.split(": ", 1)) for line in lines if line]
+    answer: dict[str, object] = {
+        "status": int(status),
+        "reason": reason,
+        "http_version": version,
+        "headers": headers,
+        "body": base64.b64encode(body).decode("ascii"),
+    }
+    if note is not None:
+        answer["affidavit"] = note
+    return json.dumps(answer, separators=(",", ":")).encode()
 
 
 def _status_line(response: ExactResponse) -> bytes:

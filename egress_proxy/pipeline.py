@@ -206,9 +206,10 @@ def replay_step(log: Log) -> Stage:
         body = step.body
         assert isinstance(body, ModelRequest)
         session = call.session
-        if (step.pins or None) != (session.pins or None):
-            await _append(log, session, pins_entry(dict(step.pins or {})))
-            session.pins = dict(step.pins) if step.pins else None
+        wanted = plan.pins_override if plan.pins_override is not None else step.pins
+        if (wanted or None) != (session.pins or None):
+            await _append(log, session, pins_entry(dict(wanted or {})))
+            session.pins = dict(wanted) if wanted else None
         session.clock = Clock.fixed(body.clock) if body.clock is not None else None
         call.replay_step = (ordinal, step)
         return await next(call)
@@ -295,6 +296,8 @@ def identity(log: Log) -> Stage:
             params=params_of(call.request),
             pins=call.pins,
             clock=call.clock,
+            turn=_position(call.client_headers, TURN_HEADER),
+            step=_position(call.client_headers, STEP_HEADER),
         )
         appended = await _append(log, call.session, body)
         call.request_seq, call.content_key = appended.seq, body.content_key
@@ -302,6 +305,17 @@ def identity(log: Log) -> Stage:
         return await next(call)
 
     return stage
+
+
+#: Headers a harness sets to say which turn and step a model call belongs to; recorded in the
+#: ``model.request`` (never sent upstream: they are not part of the request bytes).
+TURN_HEADER = "x-affidavit-turn"
+STEP_HEADER = "x-affidavit-step"
+
+
+def _position(headers: Mapping[str, str], name: str) -> int | None:
+    value = headers.get(name, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else None
 
 
 def _provider(call: Call) -> Provider:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from egress_proxy.clock import Clock
-from egress_proxy.errors import ReplayMiss
+from egress_proxy.errors import ProxyError, ReplayMiss
+from egress_proxy.fetch import answer_json, parse_fetch
 from egress_proxy.pipeline import (
     Call,
     Committed,
@@ -38,6 +39,7 @@ from egress_proxy.pipeline import (
     Reply,
     Stage,
     Upstream,
+    annotate,
     clock_stage,
     compose,
     dial,
@@ -45,12 +47,14 @@ from egress_proxy.pipeline import (
     tool_ids,
 )
 from egress_proxy.providers import DIALECTS, Dialect
+from egress_proxy.replay_plan import turn_bodies
 from egress_proxy.sessions import Session
+from egress_proxy.tool_config import FetchConfig
 from egress_proxy.transports.recorded import RecordedCall, RecordIndex, RecordTransport
 from record.digest import Domain, digest, prompt_bytes
 from record.log import Appended
 from record.reader import StreamKeys
-from record.schema import ModelRequest, ModelResponse, Strict
+from record.schema import FetchResponse, ModelRequest, ModelResponse, Strict
 from record.schema import parse_entry as parse_line
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
@@ -101,19 +105,55 @@ class Reconstruction:
         reply = await self.handler(self.next_call(input_bytes))
         return reply, b"".join([chunk async for chunk in reply.body])
 
+    def tool_result(self, server: str, tool: str, arguments: bytes) -> RecordedCall:
+        """The recorded ``tool.call`` for these canonical arguments, with its result (or
+        ``ReplayMiss``): the tools of a reconstruction are the record."""
+        return self.transport.tool_result(server, tool, arguments)
+
+    def fetch(self, raw: bytes) -> tuple[int, bytes]:
+        """Answer a fetch body as the proxy's fetch endpoint answered it, from the record:
+        the same exact request bytes must have been recorded (else ``ReplayMiss``)."""
+        try:
+            ask = parse_fetch(raw, FetchConfig().user_agent)
+        except ProxyError as exc:  # refused before anything was recorded, as it was live
+            return exc.status, exc.body()
+        sent = ask.request_bytes()
+        recorded = self.transport.fetch_result(ask.url, sent)
+        reply = recorded.reply
+        if not isinstance(reply, FetchResponse):
+            raise ReplayMiss(f"the recorded fetch at seq {recorded.seq} got no response")
+        if reply.outcome != "COMMITTED" or reply.response_bytes is None:
+            return reply.status or 502, reply.error_bytes or b"{}"
+        return 200, answer_json(reply.response_bytes)
+
     def recorded_inputs(self) -> list[bytes]:
         """The inputs the harness sent, as recorded (what a re-drive of it must send again)."""
         return [call.body.input_bytes for call in self.plan if isinstance(call.body, ModelRequest)]
 
 
-def reconstruct_pipeline(store_path: Path | str, stream: str, key: KeyPair) -> Reconstruction:
-    """Build the pipeline for ``stream`` over its record: no network, no writes."""
-    index = RecordIndex.from_bodies(read_stream(store_path, stream, key))
+def reconstruct_pipeline(
+    store_path: Path | str,
+    stream: str,
+    key: KeyPair,
+    turn: int | None = None,
+    *,
+    bodies: list[tuple[int, Strict]] | None = None,
+    annotated: bool = False,
+) -> Reconstruction:
+    """Build the pipeline for ``stream`` (only its turn ``turn`` when given) over its record:
+    no network, no writes. ``bodies`` are the stream's opened bodies, when already read;
+    ``annotated`` adds the proxy's annotation stage, so a client sees what it saw live."""
+    opened = bodies if bodies is not None else read_stream(store_path, stream, key)
+    if turn is not None:
+        opened = turn_bodies(opened, turn)
+    index = RecordIndex.from_bodies(opened)
     transport = RecordTransport(index)
     session = Session(stream, b"", {})
     plan = index.of_kind("model")
     upstreams = {call.seq: _upstream(call) for call in plan}
     stages = [pins, clock_stage(Clock.system()), tool_ids, keyed(transport)]
+    if annotated:
+        stages.insert(0, annotate)
     handler = compose(stages, dial(transport))
     return Reconstruction(stream, session, transport, handler, plan, 0, upstreams)
 
@@ -137,7 +177,8 @@ def _committed(call: Call, served: RecordedCall) -> asyncio.Future[Committed]:
     """The recorded outcome, already known: reconstruct commits nothing of its own."""
     reply = served.reply
     assert isinstance(reply, ModelResponse)
-    appended = Appended(call.session.id, served.seq, "", "model.response", "", b"", 0, b"")
+    seq = served.reply_seq if served.reply_seq is not None else served.seq
+    appended = Appended(call.session.id, seq, "", "model.response", "", b"", 0, b"")
     future: asyncio.Future[Committed] = asyncio.get_running_loop().create_future()
     future.set_result(Committed(appended, reply.outcome, reply.response_digest))
     return future

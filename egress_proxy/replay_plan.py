@@ -21,11 +21,20 @@ from egress_proxy.transports.recorded import RecordedCall, RecordIndex, RecordTr
 from record.digest import Domain, digest
 from record.log import Log
 from record.reader import StreamKeys
-from record.schema import ModelRequest, ModelResponse, ToolResult
+from record.schema import (
+    FetchResponse,
+    ModelRequest,
+    ModelResponse,
+    PinsSet,
+    Strict,
+    ToolResult,
+    TurnEnded,
+    TurnStarted,
+)
 from record.schema import parse_entry as parse_line
 from record.seal import KeyPair
 
-__all__ = ["VERDICT_KEY", "ReplayPlan", "load_plan"]
+__all__ = ["VERDICT_KEY", "ReplayPlan", "load_plan", "turn_bodies"]
 
 #: Where a replayed step's verdict sits in its ``ModelResponse.reproducibility``.
 VERDICT_KEY = "affidavit_replay_verdict"
@@ -43,6 +52,7 @@ class ReplayPlan:
     tools_replayed: int = 0
     live_calls: int = 0  # tool or fetch calls that went live under this plan: stays 0
     verdicts: list[dict[str, JsonValue]] = field(default_factory=list)
+    pins_override: dict[str, JsonValue] | None = None  # replaces each step's recorded pins
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def next_step(self, url: str, model: str, input_bytes: bytes) -> tuple[int, RecordedCall]:
@@ -66,6 +76,19 @@ class ReplayPlan:
                 )
             self.tools_replayed += 1
             return result, self.result_seqs[recorded.seq]
+
+    def fetch_result(self, url: str, request_bytes: bytes) -> tuple[FetchResponse, int]:
+        """The recorded answer to this exact fetch and its seq; ``ReplayMiss`` if not held."""
+        with self._lock:
+            recorded = self.transport.fetch_result(url, request_bytes)
+            result = recorded.reply
+            if not isinstance(result, FetchResponse) or recorded.reply_seq is None:
+                raise ReplayMiss(
+                    f"the recorded fetch at seq {recorded.seq} has no recorded response",
+                    nearest=recorded,
+                )
+            self.tools_replayed += 1
+            return result, recorded.reply_seq
 
     def verdict(
         self,
@@ -115,13 +138,38 @@ class ReplayPlan:
             }
 
 
-def load_plan(log: Log, source: str, key: KeyPair) -> ReplayPlan:
-    """The plan for ``source``, read from ``log``'s store and opened with ``key``."""
+def turn_bodies(bodies: list[tuple[int, Strict]], turn: int) -> list[tuple[int, Strict]]:
+    """The entries of one turn: from its ``turn.started`` to its ``turn.ended`` (or the end
+    of the stream), preceded by the ``pins.set`` entries in force when it started.
+    ``KeyError`` if the stream has no such turn."""
+    start = next(
+        (i for i, (_, b) in enumerate(bodies) if isinstance(b, TurnStarted) and b.turn == turn),
+        None,
+    )
+    if start is None:
+        raise KeyError(f"the stream has no turn {turn}")
+    end = next(
+        (
+            i + 1
+            for i in range(start, len(bodies))
+            if isinstance(bodies[i][1], TurnEnded) and bodies[i][1].turn == turn  # type: ignore[attr-defined]
+        ),
+        len(bodies),
+    )
+    pins = [pair for pair in bodies[:start] if isinstance(pair[1], PinsSet)]
+    return pins + bodies[start:end]
+
+
+def load_plan(log: Log, source: str, key: KeyPair, turn: int | None = None) -> ReplayPlan:
+    """The plan for ``source`` (only its turn ``turn`` when given), read from ``log``'s store
+    and opened with ``key``."""
     entries = [parse_line(stored.line) for stored in log.store.entries(source, 0, None)]
     if not entries:
         raise KeyError(f"no stream {source!r}")
     keys = StreamKeys.collect(source, entries, key)
     bodies = [(entry.seq, keys.open(entry)) for entry in entries]
+    if turn is not None:
+        bodies = turn_bodies(bodies, turn)
     result_seqs = {body.call_seq: seq for seq, body in bodies if isinstance(body, ToolResult)}
     index = RecordIndex.from_bodies(bodies)
     return ReplayPlan(source, RecordTransport(index), index.of_kind("model"), result_seqs)

@@ -177,6 +177,8 @@ class SessionRegistry:
         replays: str,
         key: KeyPair | None = None,
         recipients: Sequence[RecipientKey] = (),
+        turn: int | None = None,
+        pins_override: Mapping[str, JsonValue] | None = None,
     ) -> tuple[Session, OpenedSession | None]:
         """Arm a replay plan of the recorded stream ``replays`` on a session.
 
@@ -184,14 +186,17 @@ class SessionRegistry:
         whose ``stream.opened`` names ``replays`` under ``REPLAYS_LABEL``; an open session
         must have been opened with that label. ``key`` opens the old stream (default: the
         appliance key). The plan is read before anything is armed; a session already armed is
-        refused (``ValueError``).
+        refused (``ValueError``). ``turn`` narrows the plan to that turn of ``replays``;
+        ``pins_override`` replaces the recorded pins of every step (a negative control).
         """
         from egress_proxy.replay_plan import load_plan
 
         opener = key if key is not None else self.log.appliance_key
         if opener is None:
             raise ValueError("arming a replay needs a key that opens the replayed stream")
-        plan = load_plan(self.log, replays, opener)
+        plan = load_plan(self.log, replays, opener, turn)
+        if pins_override:
+            plan.pins_override = validate_pins(pins_override)
         opened = None
         if session is None:
             opened = self.open_session(recipients, {REPLAYS_LABEL: replays})

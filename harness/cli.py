@@ -1,46 +1,116 @@
-"""``affidavit``: the command line, assembled from each part's commands.
+"""``affidavit``: the command line, a typer app assembled from each part's commands.
 
 Exit codes everywhere: 0 fine, 1 a problem was found, 2 usage error, 3 something it needs
 is missing (a store, bundle, key file or an extra).
+
+:func:`main` runs the app without click's standalone mode and *returns* the exit code: a
+usage error (unknown option, missing argument, bad value) is printed on stderr and gives 2,
+and an error of the record that escapes a command gives its documented code, never a
+traceback. Each part's ``cli`` module imports nothing heavy until its command runs (no
+torch for ``log verify``).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO, Annotated, Any, Protocol, cast
+
+import typer
 
 from inference import cli as engine_cli
 from record import cli as record_cli
 
+__all__ = ["app", "build_app", "main"]
 
-def cmd_demo(args: argparse.Namespace) -> int:
+EXIT_OK, EXIT_PROBLEM = record_cli.EXIT_OK, record_cli.EXIT_PROBLEM
+
+
+class _ClickError(Protocol):
+    """What ``main`` uses of click's ``ClickException``."""
+
+    exit_code: int
+
+    def show(self, file: IO[Any] | None = None) -> None: ...
+
+
+def _click_exception() -> type[Exception]:
+    """click's ``ClickException`` as this typer raises it (typer ships its own copy of click
+    in recent versions and used click itself before), found from typer's public
+    ``BadParameter``."""
+    for cls in typer.BadParameter.__mro__:
+        if cls.__name__ == "ClickException":
+            return cast(type[Exception], cls)
+    raise ImportError(
+        "typer.BadParameter does not derive from a ClickException"
+    )  # pragma: no cover
+
+
+_CLICK_EXCEPTION = _click_exception()
+
+
+def demo(
+    workdir: Annotated[
+        Path | None, typer.Option(help="where to write the demo's store and keys")
+    ] = None,
+) -> None:
+    """A pinned tool-using turn through the proxy, recorded, replayed with verdicts."""
     from harness.demo import run_demo
 
-    return run_demo(Path(args.workdir) if args.workdir else None)
+    code = run_demo(workdir)
+    if code != EXIT_OK:
+        raise typer.Exit(code)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="affidavit", description="A recorded, sealed, replayable agent harness."
+def build_app() -> typer.Typer:
+    """The ``affidavit`` app: ``demo``, each part's commands, then the harness's own."""
+    root = typer.Typer(
+        name="affidavit",
+        help="A recorded, sealed, replayable agent harness.",
+        no_args_is_help=True,
+        add_completion=False,
+        rich_markup_mode=None,
+        pretty_exceptions_enable=False,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
-        "demo", help="a pinned tool-using turn through the proxy, recorded, replayed with verdicts"
-    )
-    demo.add_argument("--workdir", help="where to write the demo's store and keys")
-    demo.set_defaults(func=cmd_demo)
-    record_cli.add_commands(sub)
-    # The CLI is the one place that assembles every part's commands; each part's `cli`
-    # module imports nothing heavy until its command runs (no torch for `log verify`).
-    engine_cli.add_commands(sub)
-    return parser
+    # A callback keeps the app a group of commands whatever is registered on it.
+    root.callback()(_root)
+    root.command("demo")(demo)
+    record_cli.register(root)
+    engine_cli.register(root)
+    from harness import commands
+
+    commands.register(root)
+    return root
+
+
+def _root() -> None:
+    """A recorded, sealed, replayable agent harness."""
+
+
+app = build_app()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return record_cli.run(args)
+    """Run ``affidavit`` with ``argv`` (default: ``sys.argv[1:]``) and return its exit code."""
+    command = typer.main.get_command(app)
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = command.main(args=args, prog_name="affidavit", standalone_mode=False)
+    except _CLICK_EXCEPTION as exc:  # usage errors (2) and click's other errors
+        error = cast(_ClickError, exc)
+        error.show()
+        return error.exit_code
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        return EXIT_PROBLEM
+    except Exception as exc:
+        code = record_cli.report_error(exc)
+        if code is None:
+            raise
+        return code
+    # A command returns None (0) or raises typer.Exit(code), which click returns as an int.
+    return result if isinstance(result, int) else EXIT_OK
 
 
 if __name__ == "__main__":

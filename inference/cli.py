@@ -1,21 +1,29 @@
-"""``affidavit engine …``: the embedded engine's commands.
+"""``affidavit engine …`` and ``affidavit probe``: the embedded engine's commands.
 
-``harness.cli`` builds the top-level parser and calls :func:`add_commands`. Importing this
+``harness.cli`` builds the ``affidavit`` typer app and calls :func:`register`. Importing this
 module must work on the base install (no torch: an auditor's machine), so everything of the
 engine is imported inside the command, and a missing engine dependency becomes exit code 3
-with the install hint rather than a traceback.
+with the install hint rather than a traceback. The typer commands parse the options and hand
+an ``argparse.Namespace`` to the ``run_*`` functions, which return the exit code.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+# The probe needs the standard library only (no extra): its defaults show in --help.
+from inference.probe import DEFAULT_MAX_TOKENS, DEFAULT_PROBES, parse_batch_sizes
 
 __all__ = [
     "EXIT_MISSING",
     "EXIT_PROBLEM",
     "EXIT_USAGE",
-    "add_commands",
+    "register",
     "run_make_model",
     "run_probe",
     "run_serve",
@@ -31,53 +39,6 @@ _ENGINE_MODULES = frozenset(
     {"torch", "tokenizers", "safetensors", "numpy", "jinja2", "fastapi", "uvicorn", "starlette"}
 )
 _INSTALL_HINT = "pip install 'affidavit[engine]'"
-
-
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``engine make-model DIR`` and ``engine serve`` on the top-level subparsers."""
-    engine = sub.add_parser("engine", help="the embedded CPU inference engine")
-    commands = engine.add_subparsers(dest="engine", required=True)
-    make = commands.add_parser(
-        "make-model",
-        help="write the small model that ships with the product (deterministic)",
-        description=(
-            "Write a tiny Qwen3-architecture checkpoint (config, safetensors weights from a "
-            "fixed seed, a byte-level BPE tokenizer, a chat template with tool calls) into "
-            "DIR, and check its digests against the committed known answers."
-        ),
-    )
-    make.add_argument("dir", metavar="DIR", help="directory to create (absent or empty)")
-    make.set_defaults(func=run_make_model)
-    serve = commands.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API",
-        description=(
-            "Serve /v1/chat/completions (JSON and SSE) and /v1/models for the model in DIR, "
-            "with continuous batching, a salted prefix cache and a reproducibility block on "
-            "every reply. The start-up self-test picks a batch-invariant matmul path."
-        ),
-    )
-    serve.add_argument("--model", required=True, metavar="DIR", help="model directory")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
-    serve.add_argument("--model-name", help="the served model id (default: DIR's name)")
-    serve.add_argument(
-        "--no-batch-invariance",
-        dest="batch_invariance",
-        action="store_false",
-        help="use the stock matmul path (faster; replies may change with the batch)",
-    )
-    serve.add_argument("--max-batch", type=int, default=64, help="running sequences at most")
-    serve.add_argument(
-        "--prefix-cache-tokens",
-        type=int,
-        default=65536,
-        help="token positions the prefix cache keeps (0 turns it off)",
-    )
-    serve.add_argument("--log-level", default="info", help="uvicorn's log level")
-    serve.set_defaults(func=run_serve)
-    _add_vllm_backend(serve)
-    _add_probe(sub)
 
 
 def _missing(exc: ImportError) -> int:
@@ -148,37 +109,6 @@ def run_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_vllm_backend(serve: argparse.ArgumentParser) -> None:
-    """``engine serve --backend vllm``: the same command, vLLM on a GPU behind a front."""
-    serve.add_argument(
-        "--backend",
-        choices=("embedded", "vllm"),
-        default="embedded",
-        help="embedded: this CPU engine; vllm: start `vllm serve` (batch-invariant) and "
-        "front it with the reproducibility block (needs the `gpu` extra)",
-    )
-    vllm = serve.add_argument_group("vllm backend")
-    vllm.add_argument("--seed", type=int, default=0, help="vLLM's fixed --seed (0)")
-    vllm.add_argument(
-        "--max-model-len",
-        type=int,
-        help="context length (default: config.json); the batch token budget is at least this",
-    )
-    vllm.add_argument(
-        "--upstream-port", type=int, default=0, help="vLLM's own loopback port (0: any free one)"
-    )
-    vllm.add_argument(
-        "--startup-timeout", type=float, default=1800.0, help="seconds to wait for vLLM (1800)"
-    )
-    vllm.add_argument(
-        "--vllm-arg",
-        action="append",
-        metavar="ARG",
-        help="one more argument for `vllm serve` (repeatable; use --vllm-arg=--flag)",
-    )
-    serve.set_defaults(func=run_serve_backend)
-
-
 def run_serve_backend(args: argparse.Namespace) -> int:
     """``engine serve``: the embedded engine, or vLLM behind the front (``--backend``)."""
     if args.backend != "vllm":
@@ -195,60 +125,6 @@ def run_serve_backend(args: argparse.Namespace) -> int:
         )
         return EXIT_MISSING
     return launch(args)
-
-
-def _add_probe(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``affidavit probe``: the determinism probe of any OpenAI-compatible endpoint."""
-    from inference.probe import DEFAULT_MAX_TOKENS, DEFAULT_PROBES
-
-    probe = sub.add_parser(
-        "probe",
-        help="check that an OpenAI-compatible endpoint answers the same in any batch",
-        description=(
-            "Send K pinned probe requests alone and again inside batches of concurrent "
-            "random requests, and compare each probe's text and logprobs bit for bit with "
-            "the probe alone. Prints identical probes, tokens/s and time per output token "
-            "per batch size. Exit 0 all identical, 1 any differ, 2 usage, 3 unreachable."
-        ),
-    )
-    probe.add_argument("--url", required=True, help="the endpoint, e.g. http://127.0.0.1:8000")
-    probe.add_argument("--model", help="the model id (default: the first of /v1/models)")
-    probe.add_argument(
-        "--probes", type=_positive, default=DEFAULT_PROBES, help="pinned probes (12)"
-    )
-    probe.add_argument(
-        "--batch-sizes",
-        type=_batch_sizes,
-        default=None,
-        help="comma-separated batch sizes, the probe counted (1,2,8,32)",
-    )
-    probe.add_argument(
-        "--max-tokens",
-        type=_positive,
-        default=DEFAULT_MAX_TOKENS,
-        help=f"tokens per probe ({DEFAULT_MAX_TOKENS})",
-    )
-    probe.add_argument("--json", action="store_true", help="print one JSON object, no table")
-    probe.set_defaults(func=run_probe)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
-    return value
-
-
-def _batch_sizes(text: str) -> tuple[int, ...]:
-    from inference.probe import parse_batch_sizes
-
-    try:
-        return parse_batch_sizes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_probe(args: argparse.Namespace) -> int:
@@ -268,3 +144,167 @@ def run_probe(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
     )
     return probe.main(config, as_json=args.json, out=sys.stdout, err=sys.stderr)
+
+
+# -- the typer commands --------------------------------------------------------------------
+
+
+class Backend(StrEnum):
+    """``engine serve --backend``."""
+
+    embedded = "embedded"
+    vllm = "vllm"
+
+
+def _exit(code: int) -> None:
+    if code != 0:
+        raise typer.Exit(code)
+
+
+def engine_make_model(
+    directory: Annotated[
+        str, typer.Argument(metavar="DIR", help="directory to create (absent or empty)")
+    ],
+) -> None:
+    _exit(run_make_model(argparse.Namespace(dir=directory)))
+
+
+_VLLM = "vllm backend: "
+
+
+def engine_serve(
+    model: Annotated[str, typer.Option(metavar="DIR", help="model directory")],
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (0: any free port)")] = 8000,
+    model_name: Annotated[
+        str | None, typer.Option(help="the served model id (default: DIR's name)")
+    ] = None,
+    no_batch_invariance: Annotated[
+        bool,
+        typer.Option(
+            "--no-batch-invariance",
+            help="use the stock matmul path (faster; replies may change with the batch)",
+        ),
+    ] = False,
+    max_batch: Annotated[int, typer.Option(help="running sequences at most")] = 64,
+    prefix_cache_tokens: Annotated[
+        int, typer.Option(help="token positions the prefix cache keeps (0 turns it off)")
+    ] = 65536,
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level")] = "info",
+    backend: Annotated[
+        Backend,
+        typer.Option(
+            help="embedded: this CPU engine; vllm: start `vllm serve` (batch-invariant) and "
+            "front it with the reproducibility block (needs the `gpu` extra)",
+        ),
+    ] = Backend.embedded,
+    seed: Annotated[int, typer.Option(help=_VLLM + "vLLM's fixed --seed")] = 0,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            help=_VLLM + "context length (default: config.json); the batch token budget is "
+            "at least this"
+        ),
+    ] = None,
+    upstream_port: Annotated[
+        int, typer.Option(help=_VLLM + "vLLM's own loopback port (0: any free one)")
+    ] = 0,
+    startup_timeout: Annotated[
+        float, typer.Option(help=_VLLM + "seconds to wait for vLLM")
+    ] = 1800.0,
+    vllm_arg: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="ARG",
+            help=_VLLM + "one more argument for `vllm serve` (repeatable; use --vllm-arg=--flag)",
+        ),
+    ] = None,
+) -> None:
+    args = argparse.Namespace(
+        model=model,
+        host=host,
+        port=port,
+        model_name=model_name,
+        batch_invariance=not no_batch_invariance,
+        max_batch=max_batch,
+        prefix_cache_tokens=prefix_cache_tokens,
+        log_level=log_level,
+        backend=backend.value,
+        seed=seed,
+        max_model_len=max_model_len,
+        upstream_port=upstream_port,
+        startup_timeout=startup_timeout,
+        vllm_arg=list(vllm_arg) if vllm_arg else None,
+    )
+    _exit(run_serve_backend(args))
+
+
+def _check_batch_sizes(value: str | None) -> str | None:
+    """``--batch-sizes`` must parse (a usage error, exit 2, if not); the command parses it."""
+    if value is not None:
+        try:
+            parse_batch_sizes(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def probe_command(
+    url: Annotated[str, typer.Option(help="the endpoint, e.g. http://127.0.0.1:8000")],
+    model: Annotated[
+        str | None, typer.Option(help="the model id (default: the first of /v1/models)")
+    ] = None,
+    probes: Annotated[int, typer.Option(min=1, help="pinned probes")] = DEFAULT_PROBES,
+    batch_sizes: Annotated[
+        str | None,
+        typer.Option(
+            callback=_check_batch_sizes,
+            help="comma-separated batch sizes, the probe counted (1,2,8,32)",
+        ),
+    ] = None,
+    max_tokens: Annotated[int, typer.Option(min=1, help="tokens per probe")] = DEFAULT_MAX_TOKENS,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON object, no table")
+    ] = False,
+) -> None:
+    args = argparse.Namespace(
+        url=url,
+        model=model,
+        probes=probes,
+        batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes is not None else None,
+        max_tokens=max_tokens,
+        json=as_json,
+    )
+    _exit(run_probe(args))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``engine make-model DIR``, ``engine serve`` (an ``engine`` sub-app) and the
+    top-level ``probe`` to ``app``."""
+    engine = typer.Typer(
+        name="engine", help="The embedded CPU inference engine.", no_args_is_help=True
+    )
+    engine.command(
+        "make-model",
+        short_help="Write the small model that ships with the product (deterministic).",
+        help="Write a tiny Qwen3-architecture checkpoint (config, safetensors weights from a "
+        "fixed seed, a byte-level BPE tokenizer, a chat template with tool calls) into DIR, "
+        "and check its digests against the committed known answers.",
+    )(engine_make_model)
+    engine.command(
+        "serve",
+        short_help="Serve a model over an OpenAI-compatible HTTP API.",
+        help="Serve /v1/chat/completions (JSON and SSE) and /v1/models for the model in DIR, "
+        "with continuous batching, a salted prefix cache and a reproducibility block on "
+        "every reply. The start-up self-test picks a batch-invariant matmul path. With "
+        "--backend vllm: start `vllm serve` on a GPU and front it instead.",
+    )(engine_serve)
+    app.add_typer(engine)
+    app.command(
+        "probe",
+        short_help="Check that an OpenAI-compatible endpoint answers the same in any batch.",
+        help="Send K pinned probe requests alone and again inside batches of concurrent "
+        "random requests, and compare each probe's text and logprobs bit for bit with the "
+        "probe alone. Prints identical probes, tokens/s and time per output token per batch "
+        "size. Exit 0 all identical, 1 any differ, 2 usage, 3 unreachable.",
+    )(probe_command)

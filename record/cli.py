@@ -1,6 +1,7 @@
 """``affidavit keys …`` and ``affidavit log …``: the record's own commands.
 
-They need nothing but ``record`` (an auditor's ``pip install affidavit`` runs them).
+They need nothing but ``record`` and ``typer`` (an auditor's ``pip install affidavit`` runs
+them); ``harness.cli`` builds the ``affidavit`` app and calls :func:`register`.
 
 Exit codes everywhere: 0 fine, 1 a problem was found, 2 usage error, 3 something it needs
 is missing (a store, bundle or key file). Commands print for people by default and one JSON
@@ -9,12 +10,15 @@ document with ``--json``.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Annotated, ParamSpec
+
+import typer
 
 from record.audit import Problem, Report, verify_store
 from record.bundle import export_stream, verify_bundle
@@ -23,11 +27,80 @@ from record.redact import RedactionRules
 from record.seal import KeyPair
 from record.show import show_stream
 
+__all__ = [
+    "EXIT_MISSING",
+    "EXIT_OK",
+    "EXIT_PROBLEM",
+    "EXIT_USAGE",
+    "UsageError",
+    "register",
+    "report_error",
+    "run",
+]
+
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+
+_P = ParamSpec("_P")
 
 
 class UsageError(Exception):
-    """Bad arguments that argparse could not see (exit 2)."""
+    """Bad arguments that the parser could not see (exit 2)."""
+
+
+# -- errors to exit codes ------------------------------------------------------------------
+
+
+def report_error(exc: BaseException, where: object = None) -> int | None:
+    """Print ``exc`` for people on stderr and return its exit code; ``None`` if not ours.
+
+    ``where`` names the store or bundle a command was reading, for a database error.
+    """
+    if isinstance(exc, UsageError):
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, StoreMissing):
+        print(f"affidavit: missing: {exc}", file=sys.stderr)
+        return EXIT_MISSING
+    if isinstance(exc, RecordError):
+        print(f"affidavit: {exc.diagnostics()}", file=sys.stderr)
+        return exc.exit_code
+    if isinstance(exc, sqlite3.DatabaseError):
+        print(
+            f"affidavit: {where or 'the store'} is not a readable record store: {exc}",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEM
+    if isinstance(exc, json.JSONDecodeError):
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    return None
+
+
+def run(command: Callable[[], int], where: object = None) -> int:
+    """Call ``command``, turning the errors we know into the documented exit codes."""
+    try:
+        return command()
+    except Exception as exc:
+        code = report_error(exc, where)
+        if code is None:
+            raise
+        return code
+
+
+def _command(body: Callable[_P, int]) -> Callable[_P, None]:
+    """A typer command whose ``body`` returns the exit code; errors become exit codes too."""
+
+    @functools.wraps(body)
+    def command(*args: _P.args, **kwargs: _P.kwargs) -> None:
+        where = kwargs.get("path") or kwargs.get("store")
+        code = run(lambda: body(*args, **kwargs), where=where)
+        if code != EXIT_OK:
+            raise typer.Exit(code)
+
+    return command
+
+
+# -- helpers -------------------------------------------------------------------------------
 
 
 def _read_key(path: str | None) -> KeyPair | None:
@@ -49,34 +122,6 @@ def _read_kept(paths: Sequence[str]) -> list[bytes]:
     return kept
 
 
-def cmd_keys_new(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists():
-        raise UsageError(f"{out} already exists; refusing to overwrite a key")
-    pair = KeyPair.generate()
-    pair.write(out)
-    print(pair.recipient.text())
-    return EXIT_OK
-
-
-def cmd_log_verify(args: argparse.Namespace) -> int:
-    path = Path(args.path)
-    key = _read_key(args.key)
-    kept = _read_kept(args.against or [])
-    if path.is_dir():
-        report = verify_bundle(path, key=key, kept=kept, log_key=args.log_key)
-    elif path.is_file():
-        try:
-            report = verify_store(path, key=key, kept=kept, log_key=args.log_key)
-        except sqlite3.DatabaseError as exc:
-            detail = f"{path} is not a readable record store: {exc}"
-            report = Report(problems=[Problem("malformed_store", "?", None, detail)])
-    else:
-        raise StoreMissing(f"{path} is neither a store file nor a bundle directory")
-    _print_report(report, path, args.json)
-    return EXIT_OK if report.ok else EXIT_PROBLEM
-
-
 def _print_report(report: Report, path: Path, as_json: bool) -> None:
     if as_json:
         print(report.dumps())
@@ -92,128 +137,169 @@ def _print_report(report: Report, path: Path, as_json: bool) -> None:
         print(f"  {p.code:<24} {where:<28} {p.detail}")
 
 
-def cmd_log_export(args: argparse.Namespace) -> int:
-    store = Path(args.store)
-    if not store.is_file():
-        raise StoreMissing(f"store {store} does not exist")
+# -- the commands --------------------------------------------------------------------------
+
+_Json = Annotated[bool, typer.Option("--json", help="print one JSON object")]
+_Store = Annotated[str, typer.Option("--store", metavar="STORE", help="the record store file")]
+_Stream = Annotated[str, typer.Argument(metavar="STREAM", help="the stream (session) id")]
+
+
+@_command
+def keys_new(
+    out: Annotated[str, typer.Option(metavar="KEY_FILE", help="file for the private key")],
+) -> int:
+    """Write an X25519 keypair (0600) and print its public key."""
+    target = Path(out)
+    if target.exists():
+        raise UsageError(f"{target} already exists; refusing to overwrite a key")
+    pair = KeyPair.generate()
+    pair.write(target)
+    print(pair.recipient.text())
+    return EXIT_OK
+
+
+@_command
+def log_verify(
+    path: Annotated[str, typer.Argument(metavar="PATH", help="store file or bundle directory")],
+    key: Annotated[
+        str | None,
+        typer.Option(
+            metavar="KEY_FILE", help="a recipient private key: also open bodies, check digests"
+        ),
+    ] = None,
+    against: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="CHECKPOINT_FILE",
+            help="a checkpoint kept earlier: the log must still be consistent with it (repeatable)",
+        ),
+    ] = None,
+    log_key: Annotated[
+        str | None, typer.Option(metavar="VKEY", help="pin the checkpoint signer's verifier key")
+    ] = None,
+    as_json: _Json = False,
+) -> int:
+    """Audit a store file or a bundle directory."""
+    target = Path(path)
+    pair = _read_key(key)
+    kept = _read_kept(against or [])
+    if target.is_dir():
+        report = verify_bundle(target, key=pair, kept=kept, log_key=log_key)
+    elif target.is_file():
+        try:
+            report = verify_store(target, key=pair, kept=kept, log_key=log_key)
+        except sqlite3.DatabaseError as exc:
+            detail = f"{target} is not a readable record store: {exc}"
+            report = Report(problems=[Problem("malformed_store", "?", None, detail)])
+    else:
+        raise StoreMissing(f"{target} is neither a store file nor a bundle directory")
+    _print_report(report, target, as_json)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+@_command
+def log_export(
+    stream: _Stream,
+    store: _Store,
+    out: Annotated[
+        str, typer.Option(metavar="DIR", help="the bundle directory to write (absent or empty)")
+    ],
+) -> int:
+    """Write a stream's auditor bundle."""
+    source = Path(store)
+    if not source.is_file():
+        raise StoreMissing(f"store {source} does not exist")
     try:
-        index = export_stream(store, args.stream, args.out)
+        index = export_stream(source, stream, out)
     except FileExistsError as exc:
         raise UsageError(str(exc)) from None
     print(
         f"exported {index['entries']} entries and {index['checkpoints']} checkpoint(s) "
-        f"of {args.stream} to {args.out}"
+        f"of {stream} to {out}"
     )
     return EXIT_OK
 
 
-def cmd_log_show(args: argparse.Namespace) -> int:
-    store = Path(args.store)
-    if not store.is_file():
-        raise StoreMissing(f"store {store} does not exist")
+@_command
+def log_show(
+    stream: _Stream,
+    store: _Store,
+    key: Annotated[
+        str | None, typer.Option(metavar="KEY_FILE", help="a recipient private key to open bodies")
+    ] = None,
+    redact: Annotated[
+        str | None,
+        typer.Option(
+            metavar="RULES", help="rules: FIELD, KIND:FIELD or re:PATTERN, comma-separated"
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object a line")] = False,
+) -> int:
+    """Print a stream's entries, redacted at read time."""
+    source = Path(store)
+    if not source.is_file():
+        raise StoreMissing(f"store {source} does not exist")
     try:
-        rules = RedactionRules.parse(args.redact or "")
+        rules = RedactionRules.parse(redact or "")
     except ValueError as exc:
         raise UsageError(f"--redact: {exc}") from None
-    key = _read_key(args.key)
-    for line in show_stream(store, args.stream, key=key, rules=rules, as_json=args.json):
+    pair = _read_key(key)
+    for line in show_stream(source, stream, key=pair, rules=rules, as_json=as_json):
         print(line)
     return EXIT_OK
 
 
-def cmd_log_key(args: argparse.Namespace) -> int:
+@_command
+def log_key(store: _Store) -> int:
+    """Print the log's checkpoint verifier key."""
     from record.sqlite_store import SQLiteStore
 
-    store = SQLiteStore(args.store, readonly=True)
+    opened = SQLiteStore(store, readonly=True)
     try:
-        vkey = store.get_meta("log_key")
+        vkey = opened.get_meta("log_key")
     finally:
-        store.close()
+        opened.close()
     if vkey is None:
-        print(f"store {args.store} has no log key yet", file=sys.stderr)
+        print(f"store {store} has no log key yet", file=sys.stderr)
         return EXIT_PROBLEM
     print(vkey)
     return EXIT_OK
 
 
-def cmd_log_checkpoint(args: argparse.Namespace) -> int:
+@_command
+def log_checkpoint(
+    stream: _Stream,
+    store: _Store,
+    out: Annotated[
+        str | None, typer.Option(metavar="FILE", help="also write the note to this file")
+    ] = None,
+) -> int:
+    """Sign a checkpoint of a stream now."""
     from record.log import Log
 
-    store = Path(args.store)
-    if not store.is_file():
-        raise StoreMissing(f"store {store} does not exist")
-    with Log.open(store) as log:
-        cp = log.checkpoint(args.stream)
-    if args.out:
-        Path(args.out).write_bytes(cp.note)
+    source = Path(store)
+    if not source.is_file():
+        raise StoreMissing(f"store {source} does not exist")
+    with Log.open(source) as log:
+        cp = log.checkpoint(stream)
+    if out:
+        Path(out).write_bytes(cp.note)
     sys.stdout.write(cp.note.decode())
     return EXIT_OK
 
 
-def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``keys`` and ``log`` on the top-level parser."""
-    keys = sub.add_parser("keys", help="recipient keys").add_subparsers(dest="keys", required=True)
-    new = keys.add_parser("new", help="write an X25519 keypair (0600) and print its public key")
-    new.add_argument("--out", required=True, help="file for the private key")
-    new.set_defaults(func=cmd_keys_new)
+def register(app: typer.Typer) -> None:
+    """Add ``keys`` and ``log`` (as typer sub-apps) to ``app``."""
+    keys = typer.Typer(name="keys", help="Recipient keys.", no_args_is_help=True)
+    keys.command("new")(keys_new)
+    app.add_typer(keys)
 
-    log = sub.add_parser("log", help="the record").add_subparsers(dest="log", required=True)
-    verify = log.add_parser("verify", help="audit a store file or a bundle directory")
-    verify.add_argument("path", help="store file or bundle directory")
-    verify.add_argument("--key", help="a recipient private key: also open bodies, check digests")
-    verify.add_argument(
-        "--against",
-        action="append",
-        metavar="CHECKPOINT_FILE",
-        help="a checkpoint kept earlier: the log must still be consistent with it",
+    log = typer.Typer(
+        name="log", help="The record: verify, export, show, sign.", no_args_is_help=True
     )
-    verify.add_argument("--log-key", help="pin the checkpoint signer's verifier key")
-    verify.add_argument("--json", action="store_true", help="print one JSON object")
-    verify.set_defaults(func=cmd_log_verify)
-
-    export = log.add_parser("export", help="write a stream's auditor bundle")
-    export.add_argument("stream")
-    export.add_argument("--store", required=True)
-    export.add_argument("--out", required=True)
-    export.set_defaults(func=cmd_log_export)
-
-    show = log.add_parser("show", help="print a stream's entries, redacted at read time")
-    show.add_argument("stream")
-    show.add_argument("--store", required=True)
-    show.add_argument("--key", help="a recipient private key to open bodies")
-    show.add_argument("--redact", help="rules: FIELD, KIND:FIELD or re:PATTERN, comma-separated")
-    show.add_argument("--json", action="store_true")
-    show.set_defaults(func=cmd_log_show)
-
-    key = log.add_parser("key", help="print the log's checkpoint verifier key")
-    key.add_argument("--store", required=True)
-    key.set_defaults(func=cmd_log_key)
-
-    checkpoint = log.add_parser("checkpoint", help="sign a checkpoint of a stream now")
-    checkpoint.add_argument("stream")
-    checkpoint.add_argument("--store", required=True)
-    checkpoint.add_argument("--out", help="also write the note to this file")
-    checkpoint.set_defaults(func=cmd_log_checkpoint)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Call the command's function, turning errors into the documented exit codes."""
-    try:
-        code: int = args.func(args)
-        return code
-    except UsageError as exc:
-        print(f"affidavit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except StoreMissing as exc:
-        print(f"affidavit: missing: {exc}", file=sys.stderr)
-        return EXIT_MISSING
-    except RecordError as exc:
-        print(f"affidavit: {exc.diagnostics()}", file=sys.stderr)
-        return exc.exit_code
-    except sqlite3.DatabaseError as exc:
-        where = getattr(args, "path", None) or getattr(args, "store", None) or "the store"
-        print(f"affidavit: {where} is not a readable record store: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
-    except json.JSONDecodeError as exc:
-        print(f"affidavit: error: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
+    log.command("verify")(log_verify)
+    log.command("export")(log_export)
+    log.command("show")(log_show)
+    log.command("key")(log_key)
+    log.command("checkpoint")(log_checkpoint)
+    app.add_typer(log)

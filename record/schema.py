@@ -237,6 +237,7 @@ class FetchResponse(Strict):
     response_digest: Digest | None = None  # 0x08 over response_bytes
     error_bytes: B64Bytes | None = None
     error_digest: Digest | None = None
+    replayed_from: int | None = None  # seq of the recorded fetch.response served on replay
 
 
 class TurnStarted(Strict):
@@ -252,6 +253,16 @@ class TurnEnded(Strict):
     outcome: Literal["ANSWERED", "STEP_LIMIT", "FAILED", "STOPPED"]
     answer_bytes: B64Bytes | None = None
     answer_digest: Digest | None = None  # 0x01 over answer_bytes
+
+
+class TurnDecided(Strict):
+    """A person's decision on a tool call whose outcome is unknown and that may not be repeated
+    (``affidavit resume --decide``): re-send it, skip it, or stop the turn."""
+
+    kind: Literal["turn.decided"] = "turn.decided"
+    turn: int = Field(ge=0)
+    call_seq: int = Field(ge=0)  # the tool.call the decision settles
+    decision: Literal["retry", "skip", "abort"]
 
 
 class PinsSet(Strict):
@@ -278,6 +289,7 @@ Body = (
     | FetchResponse
     | TurnStarted
     | TurnEnded
+    | TurnDecided
     | PinsSet
     | EvidenceArchived
 )
@@ -295,6 +307,7 @@ BODY_MODELS: dict[str, type[Strict]] = {
         FetchResponse,
         TurnStarted,
         TurnEnded,
+        TurnDecided,
         PinsSet,
         EvidenceArchived,
     )

@@ -73,12 +73,16 @@ class AppendEventResponse(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., event_id: _Optional[str] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...
 
 class ArmReplayRequest(_message.Message):
-    __slots__ = ("session_id", "source_stream")
+    __slots__ = ("session_id", "source_stream", "turn", "pins_json")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_STREAM_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    PINS_JSON_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     source_stream: str
-    def __init__(self, session_id: _Optional[str] = ..., source_stream: _Optional[str] = ...) -> None: ...
+    turn: int
+    pins_json: str
+    def __init__(self, session_id: _Optional[str] = ..., source_stream: _Optional[str] = ..., turn: _Optional[int] = ..., pins_json: _Optional[str] = ...) -> None: ...
 
 class ArmReplayResponse(_message.Message):
     __slots__ = ("model_steps", "tool_calls")

@@ -4,6 +4,7 @@ Every recorded call is keyed by ``(kind, server, name, digest, order)``:
 
 - a model call: ``("model", provider endpoint, model id, content_key, n)``;
 - a tool call: ``("tool", MCP server, tool name, arguments_digest, n)``;
+- a fetch: ``("fetch", "", URL, content_key of the exact request bytes, n)``;
 
 where ``n`` counts earlier calls with the same first four parts, so the same request sent
 twice is served its two recorded replies in turn. ``RecordTransport.send`` computes the
@@ -26,9 +27,18 @@ from typing import Any, Literal
 from egress_proxy.errors import ReplayMiss, UpstreamCut, UpstreamUnavailable
 from egress_proxy.transports.base import UpstreamRequest
 from record.digest import Domain, digest
-from record.schema import ModelRequest, ModelResponse, PinsSet, Strict, ToolCall, ToolResult
+from record.schema import (
+    FetchRequest,
+    FetchResponse,
+    ModelRequest,
+    ModelResponse,
+    PinsSet,
+    Strict,
+    ToolCall,
+    ToolResult,
+)
 
-Kind = Literal["model", "tool"]
+Kind = Literal["model", "tool", "fetch"]
 Key = tuple[Kind, str, str, str, int]
 
 
@@ -41,11 +51,12 @@ class RecordedCall:
     name: str
     digest: str
     order: int
-    seq: int  # of the ``model.request`` or ``tool.call`` entry
+    seq: int  # of the ``model.request``, ``tool.call`` or ``fetch.request`` entry
     request: bytes  # the request bytes sent, or the canonical arguments
-    reply: ModelResponse | ToolResult | None = field(repr=False)
-    body: ModelRequest | ToolCall = field(repr=False)
+    reply: ModelResponse | ToolResult | FetchResponse | None = field(repr=False)
+    body: ModelRequest | ToolCall | FetchRequest = field(repr=False)
     pins: dict[str, Any] | None = field(default=None, repr=False)  # the session's, in force
+    reply_seq: int | None = None  # the seq of ``reply``
 
     @property
     def key(self) -> Key:
@@ -76,12 +87,15 @@ class RecordIndex:
     def from_bodies(cls, bodies: Iterable[tuple[int, Strict]]) -> RecordIndex:
         """Index opened bodies given in seq order (``replay.read_stream``)."""
         ordered = sorted(bodies, key=lambda pair: pair[0])
-        replies: dict[tuple[str, int], ModelResponse | ToolResult] = {}
-        for _, body in ordered:
+        Answer = tuple[int | None, ModelResponse | ToolResult | FetchResponse | None]
+        replies: dict[tuple[str, int], Answer] = {}
+        for at, body in ordered:
             if isinstance(body, ModelResponse):
-                replies[("model", body.request_seq)] = body
+                replies[("model", body.request_seq)] = (at, body)
             elif isinstance(body, ToolResult):
-                replies[("tool", body.call_seq)] = body
+                replies[("tool", body.call_seq)] = (at, body)
+            elif isinstance(body, FetchResponse):
+                replies[("fetch", body.request_seq)] = (at, body)
         counts: dict[tuple[Kind, str, str, str], int] = {}
         calls: list[RecordedCall] = []
         pins: dict[str, Any] | None = None
@@ -97,14 +111,26 @@ class RecordIndex:
                 )
                 order = counts.get(base, 0)
                 counts[base] = order + 1
-                reply = replies.get(("model", seq))
-                calls.append(RecordedCall(*base, order, seq, body.request_bytes, reply, body, pins))
+                answered, reply = replies.get(("model", seq), (None, None))
+                calls.append(
+                    RecordedCall(*base, order, seq, body.request_bytes, reply, body, pins, answered)
+                )
             elif isinstance(body, ToolCall):
                 base = ("tool", body.server, body.tool, body.arguments_digest)
                 order = counts.get(base, 0)
                 counts[base] = order + 1
-                reply = replies.get(("tool", seq))
-                calls.append(RecordedCall(*base, order, seq, body.arguments, reply, body, pins))
+                answered, reply = replies.get(("tool", seq), (None, None))
+                calls.append(
+                    RecordedCall(*base, order, seq, body.arguments, reply, body, pins, answered)
+                )
+            elif isinstance(body, FetchRequest):
+                base = ("fetch", "", body.url, body.content_key)
+                order = counts.get(base, 0)
+                counts[base] = order + 1
+                answered, reply = replies.get(("fetch", seq), (None, None))
+                calls.append(
+                    RecordedCall(*base, order, seq, body.request_bytes, reply, body, pins, answered)
+                )
         return cls(calls)
 
     def of_kind(self, kind: Kind) -> list[RecordedCall]:
@@ -221,6 +247,13 @@ class RecordTransport:
         """The recorded call (with its ``tool.result``) for these canonical arguments."""
         key = digest(Domain.TOOL_ARGUMENTS, arguments)
         call = self.index.take("tool", server, tool, key, arguments)
+        self.last = call
+        return call
+
+    def fetch_result(self, url: str, request_bytes: bytes) -> RecordedCall:
+        """The recorded fetch (with its ``fetch.response``) of these exact request bytes."""
+        key = digest(Domain.FETCH_REQUEST, request_bytes)
+        call = self.index.take("fetch", "", url, key, request_bytes)
         self.last = call
         return call
 

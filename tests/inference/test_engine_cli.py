@@ -1,9 +1,10 @@
-"""``affidavit engine make-model``: the parser entry, the command, and the base install.
+"""``affidavit engine make-model``: the typer command, its body, and the base install.
 
-``harness.cli`` owns the top-level parser and calls :func:`inference.cli.add_commands`, so
-the command is driven here through ``run_make_model`` directly. Importing ``inference.cli``
-must work without torch (an auditor's base install) and the command must then exit 3 with
-the install hint; that test runs with or without torch installed.
+``harness.cli`` builds the ``affidavit`` app and calls :func:`inference.cli.register`; the
+command hands its arguments to ``run_make_model``, which is also driven here directly.
+Importing ``inference.cli`` (and the whole command line) must work without torch (an
+auditor's base install) and the command must then exit 3 with the install hint; that test
+runs with or without torch installed.
 """
 
 from __future__ import annotations
@@ -12,10 +13,15 @@ import argparse
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
-from inference.cli import add_commands, run_make_model
+import inference.cli
+from harness.cli import main
+from inference.cli import register, run_make_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,21 +39,35 @@ def test_cli_make_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "not an empty directory" in capsys.readouterr().err
 
 
-def test_cli_registers_engine_make_model() -> None:
-    parser = argparse.ArgumentParser(prog="affidavit")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["engine", "make-model", "some/dir"])
-    assert args.func is run_make_model
-    assert args.dir == "some/dir"
+def test_cli_registers_engine_make_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(inference.cli, "run_make_model", lambda args: seen.append(args) or 0)
+    assert main(["engine", "make-model", "some/dir"]) == 0
+    assert [vars(args) for args in seen] == [{"dir": "some/dir"}]
+    assert main(["engine", "make-model"]) == 2  # DIR is required
+    assert main(["engine", "make-model", "a", "b"]) == 2
+    assert len(seen) == 1
+
+
+def test_register_adds_engine_and_probe_to_any_typer_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inference.cli, "run_make_model", lambda args: 1)
+    app = typer.Typer(no_args_is_help=True)
+    app.callback()(lambda: None)
+    register(app)
+    command = typer.main.get_command(app)
+    assert sorted(getattr(command, "commands", {})) == ["engine", "probe"]
+    result = CliRunner().invoke(app, ["engine", "make-model", "d"])
+    assert result.exit_code == 1  # the code run_make_model returned, as a typer.Exit
 
 
 def test_cli_imports_without_torch_and_exits_3() -> None:
     script = (
         "import sys\n"
         "sys.modules['torch'] = None\n"
-        "import argparse, inference.cli as cli\n"
+        "import argparse, inference.cli as cli, harness.cli\n"
         "assert 'torch' not in [m for m, v in sys.modules.items() if v is not None]\n"
-        "sys.exit(cli.run_make_model(argparse.Namespace(dir='unused')))\n"
+        "assert cli.run_make_model(argparse.Namespace(dir='unused')) == 3\n"
+        "sys.exit(harness.cli.main(['engine', 'make-model', 'unused']))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120

@@ -29,8 +29,8 @@ for _module in ("torch", "fastapi", "uvicorn"):
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
-from harness.cli import build_parser, main  # noqa: E402
-from inference.cli import run_probe  # noqa: E402
+import inference.cli  # noqa: E402
+from harness.cli import main  # noqa: E402
 from inference.probe import ProbeConfig, base_url, parse_batch_sizes, probe_request  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from tests.inference.serving import serve_in_thread  # noqa: E402
@@ -182,18 +182,22 @@ def test_probe_exits_3_when_nothing_answers(capsys: pytest.CaptureFixture[str]) 
         [],
     ],
 )
-def test_probe_usage_errors_exit_2(args: list[str]) -> None:
-    try:
-        code = main(["probe", *args])
-    except SystemExit as exc:  # argparse's own usage errors
-        code = int(exc.code or 0)
-    assert code == 2
+def test_probe_usage_errors_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["probe", *args]) == 2  # returned, never a SystemExit
+    assert capsys.readouterr().err.strip() != ""
 
 
-def test_probe_is_a_top_level_command_with_the_documented_defaults() -> None:
-    args = build_parser().parse_args(["probe", "--url", "http://x"])
-    assert args.func is run_probe
+def test_probe_is_a_top_level_command_with_the_documented_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(inference.cli, "run_probe", lambda args: seen.append(args) or 0)
+    assert main(["probe", "--url", "http://x"]) == 0
+    (args,) = seen
+    assert args.url == "http://x" and args.model is None
     assert (args.probes, args.batch_sizes, args.max_tokens, args.json) == (12, None, 32, False)
+    assert main(["probe", "--url", "http://x", "--batch-sizes", "1,2", "--json"]) == 0
+    assert (seen[1].batch_sizes, seen[1].json) == ((1, 2), True)
     assert ProbeConfig(url="http://x").batch_sizes == (1, 2, 8, 32)
     assert parse_batch_sizes("1,2,8,32") == (1, 2, 8, 32)
     assert base_url("http://h:1/v1/") == "http://h:1"

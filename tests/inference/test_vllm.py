@@ -37,8 +37,8 @@ import openai  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
-from harness.cli import build_parser, main  # noqa: E402
-from inference.cli import run_serve_backend  # noqa: E402
+import inference.cli  # noqa: E402
+from harness.cli import main  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from inference.vllm import (  # noqa: E402
     BATCH_INVARIANT_ENV,
@@ -172,12 +172,43 @@ def test_vllm_command_without_invariance_unsets_the_variable() -> None:
     assert env == {"HOME": "/root"} and environ[BATCH_INVARIANT_ENV] == "1"
 
 
+def test_engine_serve_hands_its_options_to_run_serve_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(inference.cli, "run_serve_backend", lambda args: seen.append(args) or 0)
+    assert main(["engine", "serve", "--model", "m"]) == 0
+    assert vars(seen[0]) == {
+        "model": "m",
+        "host": "127.0.0.1",
+        "port": 8000,
+        "model_name": None,
+        "batch_invariance": True,
+        "max_batch": 64,
+        "prefix_cache_tokens": 65536,
+        "log_level": "info",
+        "backend": "embedded",
+        "seed": 0,
+        "max_model_len": None,
+        "upstream_port": 0,
+        "startup_timeout": 1800.0,
+        "vllm_arg": None,
+    }
+    options = ["--backend", "vllm", "--no-batch-invariance", "--seed", "7"]
+    vllm_args = ["--vllm-arg=--enforce-eager", "--vllm-arg", "--max-num-seqs=4"]
+    assert main(["engine", "serve", "--model", "m", *options, *vllm_args]) == 0
+    args = seen[1]
+    assert (args.backend, args.batch_invariance, args.seed) == ("vllm", False, 7)
+    assert args.vllm_arg == ["--enforce-eager", "--max-num-seqs=4"]
+    assert main(["engine", "serve", "--model", "m", "--backend", "tgi"]) == 2
+    assert len(seen) == 2
+
+
 def test_serve_backend_vllm_exits_3_without_vllm_on_path(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     args = ["engine", "serve", "--backend", "vllm", "--model", str(tiny_model_dir)]
-    assert build_parser().parse_args(args).func is run_serve_backend
     assert main(args) == 3
     err = capsys.readouterr().err
     assert "`vllm` is not on PATH" in err and "pip install 'affidavit[gpu]'" in err

@@ -327,6 +327,7 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "response_digest": _opt(DIGEST),
             "error_bytes": _opt(t_bytes),
             "error_digest": _opt(DIGEST),
+            "replayed_from": _opt(t_int()),
         }
     ),
     "turn.started": _body({"turn": t_int(0), "input_bytes": t_bytes, "input_digest": DIGEST}),
@@ -337,6 +338,9 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "answer_bytes": _opt(t_bytes),
             "answer_digest": _opt(DIGEST),
         }
+    ),
+    "turn.decided": _body(
+        {"turn": t_int(0), "call_seq": t_int(0), "decision": t_enum("retry", "skip", "abort")}
     ),
     "pins.set": _body({"pins": t_object, "cache_mode": t_enum("strict", "shared")}),
     "evidence.archived": _body(

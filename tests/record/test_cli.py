@@ -12,6 +12,10 @@
   root are the same afterwards;
 - ``log key``: the vkey that verifies the store's checkpoints (and no other key does).
 
+In process, ``harness.cli.main`` returns the exit code of a record error a command raises
+(and lets any other exception through), and ``record.cli.register`` adds ``keys`` and ``log``
+to any typer app.
+
 Stores are written in-process with ``record.log.Log`` (the ``write_turn`` fixture appends a
 realistic tool-using turn); every check of stored bytes reads them with ``sqlite3`` directly,
 and Merkle roots are recomputed with ``merkle_reference`` (RFC 9162 from the text).
@@ -32,9 +36,13 @@ from typing import Any
 
 import merkle_reference as ref
 import pytest
+import typer
 
+from harness.cli import main
+from record import cli as record_cli
 from record.checkpoint import CheckpointError, Signer, Verifier, open_checkpoint
 from record.digest import Domain, digest
+from record.errors import StoreMissing, UnknownStream
 from record.log import LOG_KEY_NAME, Log
 from record.reader import StreamKeys
 from record.schema import EvidenceArchived, ModelResponse, parse_entry
@@ -597,3 +605,75 @@ def test_log_key_prints_the_vkey_that_verifies_the_checkpoints(recorded: Recorde
     )
     assert wrong.returncode == 1
     assert "checkpoint_invalid" in codes(report(wrong))
+
+
+# -- in process: the typer sub-apps and the error mapping --------------------------------------
+
+
+def test_register_adds_keys_and_log_to_any_typer_app() -> None:
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    record_cli.register(app)
+    root = typer.main.get_command(app)
+    groups = getattr(root, "commands", {})
+    assert sorted(groups) == ["keys", "log"]
+    assert sorted(getattr(groups["keys"], "commands", {})) == ["new"]
+    assert sorted(getattr(groups["log"], "commands", {})) == [
+        "checkpoint",
+        "export",
+        "key",
+        "show",
+        "verify",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "message"),
+    [
+        (record_cli.UsageError("bad rules"), 2, "affidavit: error: bad rules"),
+        (StoreMissing("gone"), 3, "affidavit: missing: gone"),
+        (UnknownStream("no such stream"), 1, "affidavit: unknown_stream: no such stream"),
+        (sqlite3.DatabaseError("file is not a database"), 1, "is not a readable record store"),
+        (json.JSONDecodeError("Expecting value", "x", 0), 1, "affidavit: error: Expecting value"),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else str(v),
+)
+def test_a_mapped_error_is_an_exit_code_in_process(
+    recorded: Recorded,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Exception,
+    code: int,
+    message: str,
+) -> None:
+    def fail(*args: object, **kwargs: object) -> Any:
+        raise error
+
+    monkeypatch.setattr(record_cli, "show_stream", fail)
+    assert main(["log", "show", SESSION, "--store", str(recorded.store)]) == code
+    err = capsys.readouterr().err
+    assert message in err
+    if isinstance(error, sqlite3.DatabaseError):
+        assert str(recorded.store) in err  # the store the command was reading
+
+
+def test_an_error_not_mapped_is_not_swallowed(
+    recorded: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*args: object, **kwargs: object) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(record_cli, "show_stream", fail)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["log", "show", SESSION, "--store", str(recorded.store)])
+
+
+def test_run_and_report_error() -> None:
+    assert record_cli.run(lambda: 0) == 0
+    assert record_cli.run(lambda: 1) == 1
+
+    def missing() -> int:
+        raise StoreMissing("nope.db")
+
+    assert record_cli.run(missing) == 3
+    assert record_cli.report_error(ValueError("not ours")) is None

@@ -211,6 +211,7 @@ def test_every_entry_kind_has_a_strict_body_model() -> None:
         "fetch.response",
         "turn.started",
         "turn.ended",
+        "turn.decided",
         "pins.set",
         "evidence.archived",
     }

@@ -1,0 +1,405 @@
+"""The harness's own commands (up, session, turn, replay, resume), registered on the
+``affidavit`` typer app by ``harness.cli``.
+
+Exit codes: 0 fine, 1 a problem was found (a reconstruction failed, a replay differs, a turn
+failed or waits for a decision), 2 usage error, 3 something it needs is missing (no running
+appliance, no session, no key). ``--json`` prints one JSON document on stdout; progress goes
+to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+__all__ = ["register"]
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option("--home", help="the state folder (default: $AFFIDAVIT_HOME or ./.affidavit)"),
+]
+KeyOption = Annotated[
+    Path | None,
+    typer.Option("--key", help="a recipient private key (default: the home's user.key)"),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document")]
+
+
+def _home(home: Path | None) -> Any:
+    from harness.state import Home
+
+    return Home.at(home)
+
+
+def _err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _missing(exc: Exception) -> typer.Exit:
+    _err(f"affidavit: missing: {exc}")
+    return typer.Exit(3)
+
+
+def _phase_printer() -> Any:
+    """With AFFIDAVIT_TRACE_PHASES=1 each phase of a turn is printed (tests watch for them)."""
+    if os.environ.get("AFFIDAVIT_TRACE_PHASES") != "1":
+        return None
+
+    def say(name: str) -> None:
+        print(f"phase {name}", flush=True)
+
+    return say
+
+
+def parse_pins(values: list[str]) -> dict[str, Any] | None:
+    """``--pin seed=42,temperature=0.7`` (repeatable) or ``--pin default``."""
+    from egress_proxy.pins import default_pins, validate_pins
+
+    if not values:
+        return None
+    if values == ["default"]:
+        return default_pins(256)
+    pins: dict[str, Any] = {"strict_cache": True}  # pinned sessions use strict cache mode
+    for value in values:
+        for item in value.split(","):
+            name, sep, raw = item.partition("=")
+            if not sep or not name.strip():
+                raise typer.BadParameter(f"{item!r} is not NAME=VALUE", param_hint="--pin")
+            try:
+                pins[name.strip()] = json.loads(raw)
+            except ValueError:
+                raise typer.BadParameter(
+                    f"{item!r}: {raw!r} is not a value", param_hint="--pin"
+                ) from None
+    try:
+        return validate_pins(pins)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--pin") from None
+
+
+def register(app: typer.Typer) -> None:
+    """Add the harness commands to ``app``."""
+    session_app = typer.Typer(help="sessions: open one, show one, list them", no_args_is_help=True)
+    app.add_typer(session_app, name="session")
+
+    @app.command("up")
+    def up(
+        home: HomeOption = None,
+        model: Annotated[
+            Path | None, typer.Option(help="a model folder (default: the shipped tiny model)")
+        ] = None,
+        search_url: Annotated[
+            str | None, typer.Option(help="web_search's endpoint, {query} replaced")
+        ] = None,
+    ) -> None:
+        """Run the appliance here (engine, proxy, control plane) until interrupted."""
+        from harness.up import serve_forever
+
+        raise typer.Exit(serve_forever(_home(home), model_dir=model, search_url=search_url))
+
+    @session_app.command("new")
+    def session_new(
+        pin: Annotated[
+            list[str], typer.Option("--pin", help="seed=42,temperature=0.7,… or default")
+        ] = [],  # noqa: B006
+        recipient: Annotated[
+            list[str], typer.Option("--recipient", help="another recipient's public key")
+        ] = [],  # noqa: B006
+        max_steps: Annotated[int, typer.Option(min=1, max=64, help="the turn's step limit")] = 8,
+        tool_choice: Annotated[
+            list[str], typer.Option("--tool-choice", help="per step, in order: auto|required|none")
+        ] = [],  # noqa: B006
+        home: HomeOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Open a session (pinned or not) and print its id and base_url."""
+        from harness.agent import TurnPolicy
+        from harness.session import open_session
+        from harness.state import HomeMissing
+        from record.seal import RecipientKey
+
+        pins = parse_pins(pin)
+        for choice in tool_choice:
+            if choice not in ("auto", "required", "none"):
+                raise typer.BadParameter(
+                    f"{choice!r}: auto, required or none", param_hint="--tool-choice"
+                )
+        try:
+            keys = [RecipientKey.from_text(text) for text in recipient]
+        except Exception as exc:
+            raise typer.BadParameter(
+                f"not a recipient key: {exc}", param_hint="--recipient"
+            ) from None
+        try:
+            state = open_session(
+                _home(home), pins, keys, policy=TurnPolicy(max_steps, tuple(tool_choice))
+            )
+        except HomeMissing as exc:
+            raise _missing(exc) from None
+        if as_json:
+            print(
+                json.dumps(
+                    {"session": state.session_id, "base_url": state.base_url, "pins": state.pins}
+                )
+            )
+        else:
+            print(state.session_id)
+            print(f"base_url {state.base_url}")
+            print(f"pins     {json.dumps(state.pins) if state.pins else 'none (unpinned)'}")
+
+    @session_app.command("show")
+    def session_show(
+        session: str, home: HomeOption = None, key: KeyOption = None, as_json: JsonOption = False
+    ) -> None:
+        """A session's turns, status (needs_decision included) and kept checkpoints."""
+        from harness.session import read_bodies, turn_states, user_key
+        from harness.state import HomeMissing
+
+        h = _home(home)
+        try:
+            state = h.session(session)
+            bodies = read_bodies(h.appliance().store, session, user_key(h, key))
+        except HomeMissing as exc:
+            raise _missing(exc) from None
+        turns: list[dict[str, Any]] = [
+            {
+                "turn": t.turn,
+                "seq": t.started_seq,
+                "input": t.input.decode("utf-8", "replace"),
+                "outcome": t.ended.outcome if t.ended else "open",
+                "answer": (t.ended.answer_bytes or b"").decode("utf-8", "replace")
+                if t.ended
+                else None,
+                "model_steps": t.model_steps,
+                "tool_calls": t.tool_calls,
+            }
+            for t in turn_states(bodies)
+        ]
+        doc = {
+            "session": session,
+            "status": state.status,
+            "pending": state.pending,
+            "pins": state.pins,
+            "base_url": state.base_url,
+            "turns": turns,
+            "checkpoints": [str(p) for p in h.checkpoints(session)],
+        }
+        if as_json:
+            print(json.dumps(doc, indent=2))
+            return
+        print(
+            f"session {session}  status {state.status}  pins {json.dumps(state.pins) if state.pins else 'none'}"
+        )
+        if state.pending:
+            print(
+                f"  waits for a decision on {state.pending.get('tool')} call {state.pending.get('call_id')}:"
+            )
+            print(f"  affidavit resume {session} --decide retry|skip|abort")
+        for t in turns:
+            print(
+                f"  turn {t['turn']}  {t['outcome']:<9} {t['model_steps']} model steps, {t['tool_calls']} tool calls  {str(t['input'])[:60]!r}"
+            )
+        print(f"  {len(doc['checkpoints'])} checkpoints kept in {h.root / 'checkpoints' / session}")
+
+    @session_app.command("list")
+    def session_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
+        """The sessions this state folder knows."""
+        h = _home(home)
+        rows = [
+            {"session": s.session_id, "status": s.status, "pinned": s.pinned} for s in h.sessions()
+        ]
+        if as_json:
+            print(json.dumps(rows))
+        for row in [] if as_json else rows:
+            print(
+                f"{row['session']}  {row['status']:<15} {'pinned' if row['pinned'] else 'unpinned'}"
+            )
+
+    @app.command("turn")
+    def turn(
+        session: str,
+        message: str,
+        home: HomeOption = None,
+        key: KeyOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Run one agent turn of a session through the proxy, recorded."""
+        from harness.session import run_turn, summary_json, user_key
+        from harness.state import HomeMissing
+
+        h = _home(home)
+        try:
+            result = run_turn(h, session, message, key=user_key(h, key), on_phase=_phase_printer())
+        except HomeMissing as exc:
+            raise _missing(exc) from None
+        _print_result(summary_json(result), as_json)
+        raise typer.Exit(0 if result.outcome in ("ANSWERED", "STEP_LIMIT") else 1)
+
+    @app.command("replay")
+    def replay(
+        session: str,
+        turn: int,
+        reconstruct: Annotated[
+            bool,
+            typer.Option(
+                "--reconstruct", help="re-drive the harness from the record: no network, no writes"
+            ),
+        ] = False,
+        store: Annotated[
+            Path | None,
+            typer.Option(help="the record store (reconstruct; default: the appliance's)"),
+        ] = None,
+        pin: Annotated[
+            list[str],
+            typer.Option("--pin", help="re-execute with these pins instead (a negative control)"),
+        ] = [],  # noqa: B006
+        home: HomeOption = None,
+        key: KeyOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Reconstruct a turn from the record, or re-execute it against the pinned engine."""
+        from harness.session import user_key
+        from harness.state import HomeMissing
+
+        h = _home(home)
+        try:
+            opener = user_key(h, key)
+            if reconstruct:
+                from harness.reconstruct import reconstruct_turn
+
+                where = store if store is not None else Path(h.appliance().store)
+                if not where.is_file():
+                    raise HomeMissing(f"record store {where} does not exist")
+                report = reconstruct_turn(where, session, turn, opener)
+                if as_json:
+                    print(json.dumps(report.json(), indent=2))
+                else:
+                    for step in report.steps:
+                        print(
+                            f"Reconstruct turn {turn}, step {step['step']}: request {'identical' if step['identical'] else 'differs'} (seq {step['request_seq']})"
+                        )
+                    if report.ok:
+                        print(
+                            f"Turn {turn} of {session}: reconstructed exactly: {len(report.steps)} requests and the final answer, byte for byte"
+                        )
+                    else:
+                        d = report.difference
+                        assert d is not None
+                        print(
+                            f"Turn {turn} of {session}: reconstruction FAILED at step {d.step} (entry seq {d.seq}): {d.what}"
+                        )
+                        if d.diff:
+                            print(d.diff.rstrip())
+                raise typer.Exit(0 if report.ok else 1)
+            from harness.reexecute import reexecute_turn
+
+            override = parse_pins(pin) if pin else None
+            result = reexecute_turn(
+                h,
+                session,
+                turn,
+                key=opener,
+                on_step=None if as_json else (lambda v: print(v.line(), flush=True)),
+                pins_override=override,
+            )
+        except HomeMissing as exc:
+            raise _missing(exc) from None
+        except KeyError as exc:
+            _err(f"affidavit: {exc.args[0] if exc.args else exc}")
+            raise typer.Exit(1) from None
+        if as_json:
+            print(json.dumps(result.json(), indent=2))
+        else:
+            if not result.pinned:
+                print(
+                    "note: this turn was not pinned in strict cache mode: replies are not expected to match"
+                )
+            print(result.summary())
+        raise typer.Exit(0 if result.identical else 1)
+
+    @app.command("resume")
+    def resume(
+        session: str,
+        decide: Annotated[
+            str | None, typer.Option("--decide", help="retry|skip|abort the call a turn waits on")
+        ] = None,
+        home: HomeOption = None,
+        key: KeyOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Complete a session's interrupted turn without repeating a committed step."""
+        from harness.resume import resume_session
+        from harness.session import summary_json, user_key
+        from harness.state import HomeMissing
+
+        if decide not in (None, "retry", "skip", "abort"):
+            raise typer.BadParameter(f"{decide!r}: retry, skip or abort", param_hint="--decide")
+        h = _home(home)
+        try:
+            outcome = resume_session(
+                h,
+                session,
+                decision=decide,  # type: ignore[arg-type]
+                key=user_key(h, key),
+                on_phase=_phase_printer(),
+                progress=_err,
+            )
+        except HomeMissing as exc:
+            raise _missing(exc) from None
+        if outcome.result is None:
+            if as_json:
+                print(json.dumps({"turn": None, "detail": "nothing to resume"}))
+            else:
+                print(f"session {session}: no interrupted turn, nothing to resume")
+            raise typer.Exit(0)
+        doc = summary_json(outcome.result)
+        doc["resume"] = {
+            "model_steps_from_record": outcome.served_steps,
+            "model_steps_live": outcome.live_steps,
+            "tool_results_from_record": outcome.served_tools,
+            "tool_calls_live": outcome.live_tools,
+        }
+        _print_result(doc, as_json)
+        raise typer.Exit(
+            0 if outcome.result.outcome in ("ANSWERED", "STEP_LIMIT", "STOPPED") else 1
+        )
+
+    try:
+        from harness import diverge
+    except ImportError:  # not written yet
+        return
+    diverge.register(app)
+
+
+def _print_result(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+        return
+    for step in doc["steps"]:
+        calls = (
+            ", ".join(f"{c['name']}({c['arguments'][:40]})" for c in step["tool_calls"]) or "answer"
+        )
+        print(
+            f"  step {step['step']}  seq {step['seq']}  {calls}  {' '.join(step['tool_outcomes'])}"
+        )
+    resumed = doc.get("resume")
+    if resumed:
+        print(
+            f"  resumed: {resumed['model_steps_from_record']} model steps and "
+            f"{resumed['tool_results_from_record']} tool results from the record, "
+            f"{resumed['model_steps_live']} model steps and {resumed['tool_calls_live']} tool calls live"
+        )
+    print(
+        f"turn {doc['turn']}: {doc['outcome']}" + (f" ({doc['detail']})" if doc["detail"] else "")
+    )
+    if doc["outcome"] == "NEEDS_DECISION":
+        print("  a tool call's outcome is unknown and the tool is not idempotent: decide with")
+        print("  affidavit resume SESSION --decide retry|skip|abort")
+    else:
+        answer = "".join(c if c.isprintable() else "·" for c in doc["answer"])
+        print(f"answer: {answer[:200]!r}")

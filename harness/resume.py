@@ -1,0 +1,306 @@
+"""Resume: finish a turn that was interrupted, without repeating anything already done.
+
+The harness runs the turn's loop again from its recorded input. Model steps whose reply is
+committed in the record are served from it through the proxy's in-process record-backed
+pipeline (the harness must still generate the recorded request: a change is a loud failure,
+never a silent re-send); the first step without a committed reply goes live, and so does
+every step after it. Tool calls are matched by their derived call id: a committed or failed
+result is served from the record; an unknown outcome is re-sent only if the recorded call
+says the tool is idempotent (with the same idempotency key, the call id), or a person decided
+``retry``; otherwise the turn stops as ``needs_decision`` until ``resume --decide``. Web
+fetches are served from the record when their URL was fetched and answered in this turn.
+
+Before anything, resume waits until every request in the stream has its answer recorded:
+the proxy finishes a call whose client was killed, so a reply still streaming is not lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx2
+
+from harness.agent import Agent, NeedsDecision, TurnPolicy, TurnResult
+from harness.reconstruct import turn_setup
+from harness.session import (
+    LABEL_MODEL,
+    LABEL_POLICY,
+    append_event,
+    finish_turn,
+    keep_annotation_checkpoints,
+    turn_states,
+    user_key,
+    wait_settled,
+)
+from harness.state import Home, HomeMissing
+from harness.tools import (
+    ProxyToolbox,
+    ReplayMissed,
+    ToolOutput,
+    ToolSpec,
+    fetch_body,
+    fetch_text,
+    mcp_text,
+)
+from record.schema import (
+    FetchRequest,
+    FetchResponse,
+    ModelRequest,
+    ModelResponse,
+    Strict,
+    ToolCall,
+    ToolResult,
+    TurnDecided,
+)
+from record.seal import KeyPair
+
+__all__ = ["ResumeOutcome", "decide", "resume_session"]
+
+Decision = Literal["retry", "skip", "abort"]
+
+
+@dataclass
+class ResumeOutcome:
+    turn: int | None  # None: nothing to resume
+    result: TurnResult | None
+    served_steps: int = 0  # model steps served from the record
+    live_steps: int = 0
+    served_tools: int = 0
+    live_tools: int = 0
+
+
+class _ResumeTransport(httpx2.BaseTransport):
+    """Recorded committed steps from the in-process pipeline; the rest through the proxy."""
+
+    def __init__(self, pipeline: Any, base_url: str, token: str) -> None:
+        import asyncio
+
+        self.pipeline = pipeline
+        self.loop = asyncio.new_event_loop()
+        self.live_http = httpx2.Client(timeout=600, trust_env=False)
+        self.base_url, self.token = base_url.rstrip("/"), token
+        self.position = 0
+        self.live = False
+        self.served = 0
+        self.sent_live = 0
+
+    def _committed(self, k: int) -> bool:
+        plan = self.pipeline.plan
+        if k >= len(plan):
+            return False
+        reply = plan[k].reply
+        return isinstance(reply, ModelResponse) and reply.outcome == "COMMITTED"
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        from egress_proxy.errors import ReplayMiss
+
+        body = request.read()
+        k = self.position
+        self.position += 1
+        if not self.live and self._committed(k):
+            try:
+                reply, data = self.loop.run_until_complete(self.pipeline.run(body))
+            except ReplayMiss as exc:
+                return httpx2.Response(409, content=exc.body())
+            self.served += 1
+            kind = "text/event-stream" if reply.is_sse else "application/json"
+            return httpx2.Response(reply.status, content=data, headers={"content-type": kind})
+        self.live = True
+        self.sent_live += 1
+        headers = {
+            "authorization": f"Bearer {self.token}",
+            "content-type": "application/json",
+            **{k: v for k, v in request.headers.items() if k.startswith("x-affidavit-")},
+        }
+        url = self.base_url + request.url.path[request.url.path.index("/v1/") :]
+        answer = self.live_http.post(url, content=body, headers=headers)
+        return httpx2.Response(
+            answer.status_code,
+            content=answer.content,
+            headers={"content-type": answer.headers.get("content-type", "application/json")},
+        )
+
+    def close(self) -> None:
+        self.loop.close()
+        self.live_http.close()
+
+
+class _ResumeToolbox:
+    """Recorded outcomes first (by call id, or URL for fetches); only the rest goes live."""
+
+    def __init__(
+        self,
+        live: ProxyToolbox,
+        sliced: list[tuple[int, Strict]],
+        search_url: str | None,
+    ) -> None:
+        self.live = live
+        self.search_url = search_url
+        results = {b.call_seq: b for _, b in sliced if isinstance(b, ToolResult)}
+        self.calls = {
+            b.call_id: (seq, b, results.get(seq)) for seq, b in sliced if isinstance(b, ToolCall)
+        }
+        answers = {b.request_seq: b for _, b in sliced if isinstance(b, FetchResponse)}
+        self.fetches = [
+            (b.url, answers.get(seq)) for seq, b in sliced if isinstance(b, FetchRequest)
+        ]
+        self.decisions = {b.call_seq: b.decision for _, b in sliced if isinstance(b, TurnDecided)}
+        self.served = 0
+        self.sent_live = 0
+
+    def call(self, spec: ToolSpec, arguments: bytes, *, reply_seq: int, call_id: str) -> ToolOutput:
+        if spec.kind in ("fetch", "search"):
+            url = json.loads(fetch_body(spec, json.loads(arguments), self.search_url))["url"]
+            for index, (seen, answer) in enumerate(self.fetches):
+                if seen == url and answer is not None and answer.outcome == "COMMITTED":
+                    del self.fetches[index]
+                    self.served += 1
+                    from egress_proxy.fetch import answer_json
+
+                    return fetch_text(200, answer_json(answer.response_bytes or b""))
+            return self._live(spec, arguments, reply_seq, call_id)
+        recorded = self.calls.get(call_id)
+        if recorded is None:
+            return self._live(spec, arguments, reply_seq, call_id)
+        seq, call, result = recorded
+        if call.tool != spec.tool or call.server != spec.server:
+            raise ReplayMissed(
+                f"call {call_id} was recorded as {call.server}/{call.tool} (seq {seq}), "
+                f"the harness now calls {spec.server}/{spec.tool}"
+            )
+        if result is not None and result.outcome != "UNKNOWN":
+            self.served += 1
+            if result.outcome == "COMMITTED" and result.result_bytes is not None:
+                return ToolOutput(mcp_text(json.loads(result.result_bytes)), "COMMITTED")
+            error = json.loads(result.error_bytes or b"{}")
+            return ToolOutput(f"tool error: {error.get('message', '')}"[:1200], "FAILED")
+        decision = self.decisions.get(seq)
+        if decision == "skip":
+            return ToolOutput(
+                "this call was skipped by a person's decision; its outcome is unknown", "FAILED"
+            )
+        if decision == "retry" or call.idempotent:
+            return self._live(spec, arguments, reply_seq, call_id)
+        raise NeedsDecision(
+            f"{spec.name}: call {call_id} (seq {seq}) has no known outcome and the tool is "
+            "not idempotent",
+            {"call_seq": seq},
+        )
+
+    def _live(self, spec: ToolSpec, arguments: bytes, reply_seq: int, call_id: str) -> ToolOutput:
+        self.sent_live += 1
+        return self.live.call(spec, arguments, reply_seq=reply_seq, call_id=call_id)
+
+
+def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | None = None) -> int:
+    """Record a person's decision on the call a ``needs_decision`` turn waits on; its seq."""
+    state = home.session(session_id)
+    if state.status != "needs_decision" or not state.pending:
+        raise HomeMissing(f"session {session_id} is not waiting for a decision")
+    appliance = home.appliance()
+    opener = key or user_key(home)
+    bodies = wait_settled(appliance.store, session_id, opener, timeout=5)
+    turn = turn_states(bodies)[-1].turn
+    call_id = state.pending.get("call_id")
+    call_seq = state.pending.get("call_seq")
+    if not isinstance(call_seq, int):
+        call_seq = next(
+            (s for s, b in reversed(bodies) if isinstance(b, ToolCall) and b.call_id == call_id),
+            None,
+        )
+    if call_seq is None:
+        raise HomeMissing(f"the record holds no tool.call {call_id!r} to decide on")
+    return append_event(
+        home, session_id, TurnDecided(turn=turn, call_seq=call_seq, decision=decision)
+    )
+
+
+def resume_session(
+    home: Home,
+    session_id: str,
+    *,
+    decision: Decision | None = None,
+    key: KeyPair | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    settle_timeout: float = 120.0,
+) -> ResumeOutcome:
+    """Complete the session's interrupted turn (``decision`` settles a waiting call first)."""
+    import openai
+
+    from egress_proxy.replay import reconstruct_pipeline
+    from egress_proxy.replay_plan import turn_bodies
+
+    state = home.session(session_id)
+    appliance = home.appliance()
+    opener = key or user_key(home)
+    if decision is not None:
+        decide(home, session_id, decision, key=opener)
+    bodies = wait_settled(
+        appliance.store, session_id, opener, timeout=settle_timeout, progress=progress
+    )
+    states = turn_states(bodies)
+    if not states or states[-1].ended is not None:
+        if state.status != "idle":
+            state.status, state.pending = "idle", None
+            home.save_session(state)
+        return ResumeOutcome(None, None)
+    turn = states[-1].turn
+    if decision == "abort":
+        from harness.agent import TurnResult as _Result
+
+        result = _Result(turn, "STOPPED", "", [], "aborted by a person's decision")
+        return ResumeOutcome(turn, finish_turn(home, state, result))
+    text, past, labels, _, _, _ = turn_setup(bodies, turn)
+    sliced = turn_bodies(bodies, turn)
+    pipeline = reconstruct_pipeline(
+        appliance.store, session_id, opener, turn, bodies=bodies, annotated=True
+    )
+    transport = _ResumeTransport(pipeline, state.base_url, state.token)
+    live_tools = ProxyToolbox(state.base_url, state.token, search_url=appliance.search_url)
+    toolbox = _ResumeToolbox(live_tools, sliced, appliance.search_url)
+    client = openai.OpenAI(
+        base_url=state.base_url + "/v1",
+        api_key=state.token,
+        max_retries=0,
+        http_client=httpx2.Client(transport=transport, timeout=600),
+    )
+    first = next((c.body for c in pipeline.plan if isinstance(c.body, ModelRequest)), None)
+    if first is not None:
+        from harness.tools import catalogue_from_request
+
+        idempotent = {
+            f"{b.server}__{b.tool}": b.idempotent for _, b in sliced if isinstance(b, ToolCall)
+        }
+        catalogue = catalogue_from_request(json.loads(first.input_bytes), idempotent)
+    else:  # nothing was asked yet: today's catalogue
+        catalogue = live_tools.catalogue(appliance.mcp_servers)
+    state.status = "running"
+    home.save_session(state)
+    agent = Agent(
+        client,
+        labels.get(LABEL_MODEL, appliance.model),
+        toolbox,
+        catalogue,
+        TurnPolicy.from_json(labels.get(LABEL_POLICY)),
+        on_phase=on_phase or (lambda _: None),
+    )
+    try:
+        result = agent.run_turn(turn, past, text)
+    finally:
+        client.close()
+        transport.close()
+        live_tools.close()
+    keep_annotation_checkpoints(home, session_id, result)
+    outcome = ResumeOutcome(
+        turn,
+        finish_turn(home, state, result),
+        transport.served,
+        transport.sent_live,
+        toolbox.served,
+        toolbox.sent_live,
+    )
+    return outcome

@@ -1,0 +1,329 @@
+"""The agent's tools: what the model is offered, and how a call reaches the tool.
+
+Every tool goes through the proxy, which records it:
+
+- ``web_fetch {url}``: the proxy's fetch endpoint (``POST {base_url}/v1/fetch``), GET only;
+- ``web_search {query}``: a GET of the appliance's search endpoint through the same endpoint;
+- ``{server}__{tool}``: an MCP tool, reached with the official ``mcp`` SDK at the proxy's
+  streamable-HTTP route ``{base_url}/mcp/{server}``, whatever the server really is.
+
+Every tool says whether it is idempotent: resume may re-send a call whose outcome is unknown
+only then. Both web tools are (they only GET); an MCP tool is when the appliance lists it.
+
+A ``Toolbox`` runs calls. ``ProxyToolbox`` goes live through the proxy; ``harness.replay``
+has the record-backed one. Both turn an answer into the text the model sees with the same
+functions (``fetch_text``, ``mcp_text``), so a reconstruction renders what the live turn saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+from urllib.parse import quote
+
+import httpx
+
+__all__ = [
+    "BUILTIN",
+    "ProxyToolbox",
+    "ReplayMissed",
+    "ToolCallFailed",
+    "ToolOutput",
+    "ToolSpec",
+    "Toolbox",
+    "catalogue_from_request",
+    "fetch_body",
+    "fetch_text",
+    "mcp_text",
+]
+
+#: Longest tool text handed to the model (the rest is cut, and the cut is said).
+MAX_TOOL_TEXT = 1200
+USER_AGENT = "affidavit-harness"
+SEP = "__"  # between an MCP server's name and its tool's in the function name
+
+Outcome = Literal["COMMITTED", "FAILED", "UNKNOWN"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool as the model is offered it, and where it lives."""
+
+    name: str  # the function name the model calls
+    description: str
+    parameters: dict[str, Any]
+    idempotent: bool
+    kind: Literal["fetch", "search", "mcp"]
+    server: str = ""  # for MCP: the proxy's server name
+    tool: str = ""  # for MCP: the tool's own name
+
+    def function(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+WEB_FETCH = ToolSpec(
+    "web_fetch",
+    "Fetch a web page and return its text.",
+    {
+        "type": "object",
+        "properties": {"url": {"type": "string", "maxLength": 48}},
+        "required": ["url"],
+        "additionalProperties": False,
+    },
+    idempotent=True,
+    kind="fetch",
+)
+WEB_SEARCH = ToolSpec(
+    "web_search",
+    "Search the web and return the results page.",
+    {
+        "type": "object",
+        "properties": {"query": {"type": "string", "maxLength": 48}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+    idempotent=True,
+    kind="search",
+)
+BUILTIN = {spec.name: spec for spec in (WEB_FETCH, WEB_SEARCH)}
+
+
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool call gave: the text for the model and how the call ended."""
+
+    text: str
+    outcome: Outcome
+    seq: int | None = None  # where its result is recorded, when known
+
+
+class ToolCallFailed(Exception):
+    """A tool call with no known outcome (the proxy recorded it ``UNKNOWN``, or never answered)."""
+
+    def __init__(self, message: str, *, outcome: Outcome = "UNKNOWN") -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class ReplayMissed(Exception):
+    """A tool call under replay that the record does not hold: the turn stops (never live)."""
+
+
+class Toolbox(Protocol):
+    def call(
+        self, spec: ToolSpec, arguments: bytes, *, reply_seq: int, call_id: str
+    ) -> ToolOutput: ...
+
+
+def clip(text: str) -> str:
+    if len(text) <= MAX_TOOL_TEXT:
+        return text
+    return text[:MAX_TOOL_TEXT] + f"\n[cut: {len(text) - MAX_TOOL_TEXT} more characters]"
+
+
+def fetch_body(spec: ToolSpec, arguments: Mapping[str, Any], search_url: str | None) -> bytes:
+    """The fetch endpoint's request body for a web tool's call (exact: it is recorded)."""
+    if spec.kind == "fetch":
+        url = str(arguments.get("url", ""))
+    else:
+        if not search_url:
+            raise ToolCallFailed("web_search has no search endpoint configured", outcome="FAILED")
+        url = search_url.replace("{query}", quote(str(arguments.get("query", "")), safe=""))
+    body = {"method": "GET", "url": url, "headers": {"user-agent": USER_AGENT}}
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def fetch_text(status: int, answer: bytes) -> ToolOutput:
+    """The model's view of a fetch endpoint answer (live or from the record)."""
+    try:
+        parsed = json.loads(answer)
+    except ValueError:
+        parsed = None
+    if status != 200 or not isinstance(parsed, dict) or "body" not in parsed:
+        code = ""
+        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+            code = str(parsed["error"].get("code", ""))
+        return ToolOutput(f"fetch failed: {status} {code}".strip(), "FAILED")
+    body = base64.b64decode(parsed["body"]).decode("utf-8", "replace")
+    note = parsed.get("affidavit")
+    seq = note.get("seq") if isinstance(note, dict) else None
+    text = f"HTTP {parsed.get('status')}\n{body}"
+    return ToolOutput(clip(text), "COMMITTED", seq if isinstance(seq, int) else None)
+
+
+def mcp_text(result: Mapping[str, Any]) -> str:
+    """The model's view of an MCP ``tools/call`` result object (live or from the record)."""
+    parts = []
+    for item in result.get("content") or []:
+        if isinstance(item, dict) and item.get("type") == "text":
+            parts.append(str(item.get("text", "")))
+        elif isinstance(item, dict):
+            parts.append(f"[{item.get('type', 'content')}]")
+    text = "\n".join(parts)
+    if result.get("isError"):
+        text = "tool error: " + text
+    return clip(text)
+
+
+def catalogue_from_request(
+    request: Mapping[str, Any], idempotent: Mapping[str, bool]
+) -> list[ToolSpec]:
+    """The tools a recorded request offered, as specs: how replays see the catalogue the live
+    turn saw (MCP ``tools/list`` answers are not recorded; the request that used them is)."""
+    specs = []
+    for item in request.get("tools") or []:
+        function = item.get("function", {}) if isinstance(item, dict) else {}
+        name = str(function.get("name", ""))
+        builtin = BUILTIN.get(name)
+        if builtin is not None:
+            specs.append(builtin)
+            continue
+        server, _, tool = name.partition(SEP)
+        specs.append(
+            ToolSpec(
+                name,
+                str(function.get("description", "")),
+                dict(function.get("parameters") or {}),
+                idempotent.get(name, False),
+                "mcp",
+                server,
+                tool,
+            )
+        )
+    return specs
+
+
+class ProxyToolbox:
+    """Live tools, every one through the proxy under the session's path and token."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        search_url: str | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.search_url = search_url
+        self.http = httpx.Client(
+            headers={"authorization": f"Bearer {token}"}, timeout=timeout, trust_env=False
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    # -- the catalogue ------------------------------------------------------------------------
+
+    def catalogue(self, mcp_servers: Mapping[str, Sequence[str]]) -> list[ToolSpec]:
+        """The built-in web tools and every tool the proxy's MCP servers list."""
+        specs = [WEB_FETCH] + ([WEB_SEARCH] if self.search_url else [])
+        for server, idempotent in sorted(mcp_servers.items()):
+            for tool in asyncio.run(self._list(server)):
+                name = f"{server}{SEP}{tool.name}"
+                hint = tool.annotations.idempotent_hint if tool.annotations else None
+                specs.append(
+                    ToolSpec(
+                        name,
+                        (tool.description or "")[:200],
+                        dict(tool.input_schema),
+                        tool.name in idempotent or bool(hint),
+                        "mcp",
+                        server,
+                        tool.name,
+                    )
+                )
+        return specs
+
+    async def _list(self, server: str) -> list[Any]:
+        async with self._mcp(server) as session:
+            listed = await session.list_tools()
+            return list(listed.tools)
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def call(self, spec: ToolSpec, arguments: bytes, *, reply_seq: int, call_id: str) -> ToolOutput:
+        args = json.loads(arguments)
+        if spec.kind in ("fetch", "search"):
+            body = fetch_body(spec, args, self.search_url)
+            try:
+                answer = self.http.post(f"{self.base_url}/v1/fetch", content=body)
+            except httpx.HTTPError as exc:
+                raise ToolCallFailed(f"{spec.name}: the proxy did not answer: {exc}") from exc
+            if answer.status_code in (502, 503):
+                raise ToolCallFailed(f"{spec.name}: {answer.text[:200]}")
+            if answer.status_code == 409:
+                raise ReplayMissed(f"{spec.name}: {answer.text[:400]}")
+            return fetch_text(answer.status_code, answer.content)
+        return asyncio.run(self._call_mcp(spec, args, reply_seq, call_id))
+
+    async def _call_mcp(
+        self, spec: ToolSpec, args: dict[str, Any], reply_seq: int, call_id: str
+    ) -> ToolOutput:
+        import mcp_types
+        from mcp.shared.exceptions import MCPError
+
+        no_answer = {mcp_types.CONNECTION_CLOSED, mcp_types.REQUEST_TIMEOUT}
+
+        meta: Any = {
+            "affidavit/reply_seq": reply_seq,
+            "affidavit/call_id": call_id,
+            "affidavit/idempotency_key": call_id,
+        }
+        try:
+            async with self._mcp(spec.server) as session:
+                # ``send_request``, not ``call_tool``: that one lists the tools after a call to
+                # check its output schema, an unrecorded call a replay refuses (and a cost).
+                request = mcp_types.CallToolRequest(
+                    params=mcp_types.CallToolRequestParams(
+                        name=spec.tool, arguments=args, _meta=meta
+                    )
+                )
+                result = await session.send_request(request, mcp_types.CallToolResult)
+        except MCPError as exc:
+            data = exc.error.data if isinstance(exc.error.data, dict) else {}
+            if exc.code in no_answer or data.get("code") == "upstream_unavailable":
+                raise ToolCallFailed(f"{spec.name}: {exc}") from exc  # recorded UNKNOWN
+            if data.get("code") == "replay_miss":
+                raise ReplayMissed(f"{spec.name}: {exc}") from exc
+            if data.get("code") == "reply_not_committed":
+                raise ToolCallFailed(f"{spec.name}: {exc}", outcome="FAILED") from exc
+            return ToolOutput(clip(f"tool error: {exc}"), "FAILED")
+        except Exception as exc:  # the connection broke: the outcome is not known here
+            raise ToolCallFailed(f"{spec.name}: {type(exc).__name__}: {exc}") from exc
+        dumped = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return ToolOutput(mcp_text(dumped), "FAILED" if result.is_error else "COMMITTED")
+
+    def _mcp(self, server: str) -> Any:
+        import contextlib
+
+        import httpx2  # the mcp SDK's HTTP client
+        from mcp.client.session import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
+        url = f"{self.base_url}/mcp/{server}"
+        headers = {"authorization": f"Bearer {self.token}"}
+
+        @contextlib.asynccontextmanager
+        async def opened() -> Any:
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=120, trust_env=False) as http,
+                streamable_http_client(url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                yield session
+
+        return opened()

@@ -1,0 +1,148 @@
+"""``affidavit up``: the appliance on this machine, for the harness commands to use.
+
+It starts the embedded engine (the shipped tiny model unless ``--model`` names another), the
+egress proxy in front of it writing the record (data plane on 127.0.0.1, control plane on a
+Unix socket in the state folder), with the fetch endpoint on and any MCP servers the proxy
+config lists, and writes ``appliance.json`` so ``session``, ``turn``, ``replay`` and
+``resume`` find it. It runs until interrupted, then stops everything it started and removes
+``appliance.json``. Tests and the demo use ``running_appliance`` directly.
+
+The appliance key (a recipient of every stream, so resume and re-execute work unattended)
+is kept in the state folder here; inside the confidential VM it is born in the guest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.state import Appliance, Home
+
+__all__ = ["MODEL", "RunningAppliance", "running_appliance", "serve_forever"]
+
+MODEL = "affidavit-tiny"
+
+
+@dataclass
+class RunningAppliance:
+    home: Home
+    appliance: Appliance
+    engine: Any  # inference.server.Engine
+    proxy: Any  # egress_proxy.server.ProxyServer
+    log: Any  # record.log.Log
+
+
+@contextmanager
+def running_appliance(
+    home: Home,
+    *,
+    model_dir: Path | None = None,
+    mcp_servers: Mapping[str, Mapping[str, Any]] | None = None,
+    search_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+    progress: Any = None,
+) -> Iterator[RunningAppliance]:
+    """Engine, proxy and control plane, running until the block ends."""
+    import torch
+
+    from egress_proxy.config import parse_config
+    from egress_proxy.server import ProxyServer
+    from inference.make_model import make_model
+    from inference.server import Engine, create_app
+    from record.log import Log
+    from record.seal import KeyPair
+
+    say = progress or (lambda _: None)
+    torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
+    home.root.mkdir(parents=True, exist_ok=True)
+    if model_dir is None:
+        model_dir = home.root / "model"
+        if not (model_dir / "config.json").is_file():
+            say("making the shipped tiny model")
+            make_model(model_dir)
+    key_file = home.root / "appliance.key"
+    if not key_file.is_file():
+        KeyPair.generate().write(key_file)
+    appliance_key = KeyPair.read(key_file)
+    with ExitStack() as stack:
+        say("starting the engine")
+        engine = Engine(model_dir, model_name=MODEL).start()
+        stack.callback(engine.close)
+        engine_url = stack.enter_context(_serve(create_app(engine)))
+        servers = {name: dict(cfg) for name, cfg in (mcp_servers or {}).items()}
+        config = parse_config(
+            {
+                "listen": {"host": "127.0.0.1", "port": 0},
+                "providers": {
+                    "engine": {"api": "openai", "base_url": engine_url, "engine_extensions": True}
+                },
+                "mounts": {"/v1/chat/completions": "engine"},
+                "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
+                **({"mcp_servers": servers} if servers else {}),
+            }
+        )
+        store = home.root / "record.db"
+        log = stack.enter_context(Log.open(store, appliance_key=appliance_key))
+        socket_path = home.root / "control.sock"
+        say("starting the egress proxy")
+        proxy = ProxyServer(config, log, env=env, control_socket=socket_path)
+        stack.enter_context(proxy)
+        appliance = Appliance(
+            proxy_url=proxy.url,
+            control_socket=str(socket_path),
+            store=str(store),
+            model=MODEL,
+            engine_url=engine_url,
+            search_url=search_url,
+            mcp_servers={
+                name: list(cfg.get("idempotent_tools", ())) for name, cfg in servers.items()
+            },
+            pid=os.getpid(),
+        )
+        home.write_appliance(appliance)
+        stack.callback(lambda: home.appliance_file.unlink(missing_ok=True))
+        yield RunningAppliance(home, appliance, engine, proxy, log)
+
+
+@contextmanager
+def _serve(app: Any) -> Iterator[str]:
+    import socket
+    import time
+
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("a loopback server did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def serve_forever(home: Home, **options: Any) -> int:
+    """Run the appliance until SIGINT or SIGTERM."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with running_appliance(home, progress=lambda line: print(line, flush=True), **options) as up:
+        a = up.appliance
+        print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
+        print(f"record {a.store}; state in {home.root}. Ctrl-C stops it.", flush=True)
+        stop.wait()
+    print("affidavit stopped", flush=True)
+    return 0

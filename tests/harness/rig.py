@@ -1,0 +1,82 @@
+"""The harness tests' appliance: the real engine, proxy and control plane in this process,
+a loopback web whose page changes on every fetch, and two MCP servers behind the proxy: our
+ledger (a side effect, spawned under ``unshare --net``) and ``mcp-server-time`` from PyPI."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.state import Home
+from harness.up import RunningAppliance, _serve, running_appliance
+
+LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
+PINS = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 96, "strict_cache": True}
+
+
+def named(tool: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": tool}}
+
+
+class ChangingWeb:
+    """Every GET gets a page that says how many fetches came before it."""
+
+    def __init__(self) -> None:
+        self.count = itertools.count()
+        self.fetches = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        n = next(self.count)
+        self.fetches = n + 1
+        body = f"page version {n} of {scope['path']}".encode()
+        headers = [(b"content-type", b"text/plain")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class HarnessRig:
+    home: Home
+    up: RunningAppliance
+    web: ChangingWeb
+    web_url: str
+    ledger: Path
+
+
+@contextmanager
+def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
+    ledger = tmp / "ledger.txt"
+    servers: dict[str, Any] = {}
+    if mcp:
+        servers = {
+            "ledger": {
+                "transport": "stdio",
+                "command": sys.executable,
+                "args": [str(LEDGER_SERVER)],
+                "env": {"LEDGER": str(ledger)},
+                "idempotent_tools": ["count_notes"],
+            },
+            "time": {
+                "transport": "stdio",
+                "command": sys.executable,
+                "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+                "idempotent_tools": ["get_current_time"],
+            },
+        }
+    web = ChangingWeb()
+    home = Home(tmp / "home")
+    with _serve(web) as url, running_appliance(
+        home, mcp_servers=servers, search_url=url + "/search?q={query}"
+    ) as up:
+        yield HarnessRig(home, up, web, url, ledger)

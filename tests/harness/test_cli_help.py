@@ -1,0 +1,140 @@
+"""The ``affidavit`` typer app as a whole: every command's ``--help``, and the exit codes.
+
+The command tree is walked from ``typer.main.get_command(app)``, so a command added anywhere
+(a part's ``register`` or ``harness.commands``) is covered: ``main([*path, "--help"])``
+returns 0 and prints the command's usage line and a help text. ``main`` returns the exit
+code rather than raising ``SystemExit``: 2 for a usage error (printed on stderr), 3 for a
+file it needs that is missing, and a record error raised by any command maps to its code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+import harness.cli
+from harness.cli import app, build_app, main
+from record.errors import StoreMissing, UnknownStream
+
+
+def _walk(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    yield path, command
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from _walk(sub, (*path, name))
+
+
+COMMANDS = list(_walk(typer.main.get_command(app)))
+PATHS = [path for path, _ in COMMANDS]
+
+
+def test_the_tree_holds_every_part_s_commands() -> None:
+    expected = {
+        ("demo",),
+        ("probe",),
+        ("keys", "new"),
+        ("log", "verify"),
+        ("log", "export"),
+        ("log", "show"),
+        ("log", "key"),
+        ("log", "checkpoint"),
+        ("engine", "make-model"),
+        ("engine", "serve"),
+    }
+    assert expected <= set(PATHS)
+
+
+@pytest.mark.parametrize(
+    ("path", "command"), COMMANDS, ids=[" ".join(p) or "affidavit" for p in PATHS]
+)
+def test_help_works_on_every_command(
+    path: tuple[str, ...], command: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*path, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert f"Usage: {' '.join(('affidavit', *path))} " in out
+    # a one-line help: in the parent's listing, and at the top of its own page
+    summary = command.get_short_help_str(limit=200)
+    assert summary.strip(), f"{' '.join(path)} has no help"
+    assert "\n" not in summary
+    assert (command.help or "").split()[0] in out
+
+
+def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "Usage: affidavit" in capsys.readouterr().err
+
+
+def test_unknown_option_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["log", "verify", "record.db", "--bogus"]) == 2
+    captured = capsys.readouterr()
+    assert "No such option: --bogus" in captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["frobnicate"],
+        ["log", "frobnicate"],
+        ["log", "verify"],
+        ["keys", "new"],
+        ["engine", "serve", "--model", "m", "--port", "eighty"],
+    ],
+    ids=" ".join,
+)
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() != ""
+
+
+def test_log_verify_on_a_missing_path_exits_3(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope.db"
+    assert main(["log", "verify", str(missing)]) == 3
+    captured = capsys.readouterr()
+    assert f"affidavit: missing: {missing}" in captured.err
+    assert captured.out == ""
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    ("error", "code"), [(StoreMissing("no store"), 3), (UnknownStream("no stream"), 1)]
+)
+def test_a_record_error_from_any_command_is_its_exit_code(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Exception,
+    code: int,
+) -> None:
+    other = build_app()
+
+    @other.command("boom")
+    def boom() -> None:
+        """Raise a record error."""
+        raise error
+
+    monkeypatch.setattr(harness.cli, "app", other)
+    assert main(["boom"]) == code
+    assert str(error) in capsys.readouterr().err
+
+
+def test_a_command_s_exit_code_is_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    other = build_app()
+
+    @other.command("exit-4")
+    def exit_4() -> None:
+        """Exit 4."""
+        raise typer.Exit(4)
+
+    @other.command("fine")
+    def fine() -> None:
+        """Do nothing."""
+
+    monkeypatch.setattr(harness.cli, "app", other)
+    assert main(["exit-4"]) == 4
+    assert main(["fine"]) == 0
