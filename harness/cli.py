@@ -54,11 +54,15 @@ def demo(
     workdir: Annotated[
         Path | None, typer.Option(help="where to write the demo's store and keys")
     ] = None,
+    report: Annotated[
+        Path | None,
+        typer.Option(help="where to write the report (default .affidavit/demo-report.json)"),
+    ] = None,
 ) -> None:
-    """A pinned tool-using turn through the proxy, recorded, replayed with verdicts."""
+    """A pinned tool-using turn through the proxy, recorded, reconstructed, re-executed."""
     from harness.demo import run_demo
 
-    code = run_demo(workdir)
+    code = run_demo(workdir, report)
     if code != EXIT_OK:
         raise typer.Exit(code)
 

@@ -22,7 +22,11 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
-TEXT = {"type": "object", "properties": {"text": {"type": "string", "maxLength": 12}}, "required": ["text"]}
+TEXT = {
+    "type": "object",
+    "properties": {"text": {"type": "string", "maxLength": 12}},
+    "required": ["text"],
+}
 NONE: dict[str, Any] = {"type": "object", "properties": {}}
 TOOLS = [
     types.Tool(name="append_note", description="Append a note.", input_schema=TEXT),

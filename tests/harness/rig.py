@@ -16,7 +16,7 @@ from harness.state import Home
 from harness.up import RunningAppliance, _serve, running_appliance
 
 LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
-PINS = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 96, "strict_cache": True}
+PINS = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 200, "strict_cache": True}
 
 
 def named(tool: str) -> dict[str, Any]:
@@ -76,7 +76,8 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
         }
     web = ChangingWeb()
     home = Home(tmp / "home")
-    with _serve(web) as url, running_appliance(
-        home, mcp_servers=servers, search_url=url + "/search?q={query}"
-    ) as up:
+    with (
+        _serve(web) as url,
+        running_appliance(home, mcp_servers=servers, search_url=url + "/search?q={query}") as up,
+    ):
         yield HarnessRig(home, up, web, url, ledger)

@@ -1,0 +1,236 @@
+"""The harness against the real appliance (engine, egress proxy, control plane, MCP servers
+spawned by the proxy, a loopback web whose page changes on every fetch): a live pinned turn
+with tool calls, its reconstruction (in-process, no network, under ``unshare -n`` too), a
+planted change in prompt building caught at the right step, its re-execution with every
+step identical and the engine asked exactly once per step, and a negative control."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch", reason="the harness tests run the embedded engine (`engine` extra)")
+
+from harness import agent as agent_module
+from harness.agent import TurnPolicy
+from harness.cli import main
+from harness.reconstruct import reconstruct_turn
+from harness.reexecute import reexecute_turn
+from harness.session import open_session, read_bodies, run_turn
+from record.schema import (
+    FetchRequest,
+    ModelRequest,
+    StreamOpened,
+    ToolCall,
+    ToolResult,
+    TurnEnded,
+    TurnStarted,
+)
+from record.seal import KeyPair
+from tests.harness.rig import PINS, HarnessRig, harness_rig, named
+
+REPO = Path(__file__).resolve().parents[2]
+POLICY = TurnPolicy(
+    5,
+    (named("ledger__append_note"), named("time__get_current_time"), named("web_search"), "none"),
+)
+
+
+@dataclass
+class Recorded:
+    rig: HarnessRig
+    session: str
+    key: KeyPair
+    result: Any
+
+    @property
+    def store(self) -> str:
+        return self.rig.up.appliance.store
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
+    with harness_rig(tmp_path_factory.mktemp("turns")) as rig:
+        state = open_session(rig.home, PINS, policy=POLICY)
+        result = run_turn(rig.home, state.session_id, "Note this, tell the time, search the web.")
+        yield Recorded(rig, state.session_id, KeyPair.read(rig.home.user_key_file), result)
+
+
+def test_a_live_turn_calls_three_tools_through_the_proxy_and_records_it_in_order(
+    recorded: Recorded,
+) -> None:
+    result = recorded.result
+    assert result.outcome == "ANSWERED", result.detail
+    names = [c[1] for s in result.steps for c in s.completion.tool_calls]
+    assert names == ["ledger__append_note", "time__get_current_time", "web_search"]
+    assert recorded.rig.ledger.read_text().count("\n") == 1  # the side effect, once
+    assert recorded.rig.web.fetches == 1
+    bodies = read_bodies(recorded.store, recorded.session, recorded.key)
+    kinds = [b.kind for _, b in bodies]
+    assert kinds[:3] == ["stream.opened", "pins.set", "turn.started"]
+    assert kinds[-1] == "turn.ended"
+    # every tool call comes after the committed reply that asked for it
+    reply_of = {b.call_id: b.reply_seq for s, b in bodies if isinstance(b, ToolCall)}
+    seqs = {b.call_id: s for s, b in bodies if isinstance(b, ToolCall)}
+    assert all(reply_of[c] < seqs[c] for c in seqs)
+    calls = [b for _, b in bodies if isinstance(b, ToolCall)]
+    assert [(c.server, c.tool, c.idempotent) for c in calls] == [
+        ("ledger", "append_note", False),
+        ("time", "get_current_time", True),  # mcp-server-time from PyPI, through the proxy
+    ]
+    assert sum(isinstance(b, FetchRequest) for _, b in bodies) == 1  # web_search via fetch
+    steps = [(b.turn, b.step) for _, b in bodies if isinstance(b, ModelRequest)]
+    assert steps == [(0, 0), (0, 1), (0, 2), (0, 3)]  # numbered, recorded by the proxy
+    started = next(b for _, b in bodies if isinstance(b, TurnStarted))
+    assert started.input_bytes == b"Note this, tell the time, search the web."
+    ended = next(b for _, b in bodies if isinstance(b, TurnEnded))
+    assert ended.answer_bytes == result.answer.encode()
+    labels = next(b for _, b in bodies if isinstance(b, StreamOpened)).labels
+    assert json.loads(labels["affidavit/policy"])["tool_choice"][3] == "none"
+    assert recorded.rig.home.checkpoints(recorded.session), "annotations' checkpoints are kept"
+
+
+def test_reconstruct_is_exact_and_touches_no_network_and_writes_nothing(recorded: Recorded) -> None:
+    before = Path(recorded.store).stat().st_mtime_ns, recorded.rig.web.fetches
+    report = reconstruct_turn(recorded.store, recorded.session, 0, recorded.key)
+    assert report.ok, report.json()
+    assert [s["identical"] for s in report.steps] == [True] * 4 and report.answer_identical
+    assert (Path(recorded.store).stat().st_mtime_ns, recorded.rig.web.fetches) == before
+
+
+def test_reconstruct_runs_under_unshare_n_from_the_cli(recorded: Recorded, tmp_path: Path) -> None:
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    copy = tmp_path / "record.db"
+    with sqlite3.connect(recorded.store) as source, sqlite3.connect(copy) as target:
+        source.backup(target)  # a consistent copy: the live appliance keeps writing its store
+    home = recorded.rig.home.root
+    args = [
+        "unshare", "-rn", sys.executable, "-m", "harness.cli", "replay", recorded.session, "0",
+        "--reconstruct", "--store", str(copy), "--home", str(home), "--json",
+    ]  # fmt: skip
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["ok"] is True
+    probe = subprocess.run(
+        ["unshare", "-rn", sys.executable, "-c",
+         "import socket; socket.create_connection(('127.0.0.1', 9), 1)"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert probe.returncode != 0  # the namespace really has no network at all
+
+
+def test_a_planted_change_in_prompt_building_fails_reconstruct_at_step_1(
+    recorded: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = agent_module.tool_message
+
+    def planted(call_id: str, output: Any) -> dict[str, Any]:
+        message = real(call_id, output)
+        message["content"] = message["content"] + " "  # one byte more
+        return message
+
+    monkeypatch.setattr(agent_module, "tool_message", planted)
+    report = reconstruct_turn(recorded.store, recorded.session, 0, recorded.key)
+    assert not report.ok
+    difference = report.difference
+    assert difference is not None and difference.step == 1  # the first request with a result
+    bodies = dict(read_bodies(recorded.store, recorded.session, recorded.key))
+    assert isinstance(bodies[difference.seq], ModelRequest)  # it names the recorded request
+    assert "request differs" in difference.what and difference.diff
+
+
+def test_reexecute_is_identical_with_zero_live_calls_and_one_engine_request_per_step(
+    recorded: Recorded,
+) -> None:
+    engine = recorded.rig.up.engine
+    admitted = engine.stats()["scheduler"]["admitted"]
+    fetches, ledger = recorded.rig.web.fetches, recorded.rig.ledger.read_text()
+    lines: list[str] = []
+    report = reexecute_turn(
+        recorded.rig.home,
+        recorded.session,
+        0,
+        key=recorded.key,
+        on_step=lambda v: lines.append(v.line()),
+    )
+    assert report.identical, report.json()
+    assert engine.stats()["scheduler"]["admitted"] - admitted == 4  # one request per step
+    assert report.live_calls == 0 and recorded.rig.web.fetches == fetches
+    assert recorded.rig.ledger.read_text() == ledger  # the side effect did not happen again
+    assert lines[0] == (
+        "Replay of turn 0, step 0: prompt identical · injected clock identical · request "
+        "identical · reply identical · 1 tool result replayed from the record · 0 live calls"
+    )
+    assert [v.tools_replayed for v in report.verdicts] == [1, 1, 1, 0]
+    replay = read_bodies(recorded.store, report.replay_stream, recorded.key)
+    labels = next(b for _, b in replay if isinstance(b, StreamOpened)).labels
+    assert labels["affidavit/replays"] == recorded.session
+    assert labels["affidavit/replays-turn"] == "0"
+    served = [b for _, b in replay if isinstance(b, ToolResult)]
+    assert served and all(b.replayed_from is not None for b in served)
+
+
+def test_a_different_seed_is_reported_as_reply_differs_and_goes_no_further(
+    recorded: Recorded,
+) -> None:
+    ledger = recorded.rig.ledger.read_text()
+    report = reexecute_turn(
+        recorded.rig.home, recorded.session, 0, key=recorded.key,
+        pins_override={**PINS, "seed": 43},
+    )  # fmt: skip
+    assert not report.identical
+    (verdict,) = report.verdicts  # it stopped at the first differing reply
+    assert not verdict.reply and verdict.first_difference is not None
+    assert verdict.first_difference["byte"] > 0
+    assert verdict.first_difference["recorded_token"] != verdict.first_difference["replayed_token"]
+    assert "reply differs" in verdict.line() and "first difference at byte" in verdict.line()
+    assert recorded.rig.ledger.read_text() == ledger  # no tool ran on the differing reply
+    assert report.stopped.startswith("step 0: the reply differs")
+
+
+def test_replay_cli_prints_verdicts_and_exits_by_them(
+    recorded: Recorded, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = str(recorded.rig.home.root)
+    assert main(["replay", recorded.session, "0", "--home", home]) == 0
+    out = capsys.readouterr().out
+    assert out.count("reply identical") == 4 and "identical: 4 of 4 steps" in out
+    assert main(["replay", recorded.session, "0", "--home", home, "--pin", "seed=43"]) == 1
+    assert "reply differs" in capsys.readouterr().out
+    assert main(["replay", recorded.session, "0", "--home", home, "--reconstruct", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert main(["replay", recorded.session, "7", "--home", home, "--reconstruct"]) == 1
+
+
+def test_session_new_cli_pins_default_draws_a_seed_once_and_records_it(
+    recorded: Recorded, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = str(recorded.rig.home.root)
+    assert main(["session", "new", "--pin", "default", "--home", home, "--json"]) == 0
+    opened = json.loads(capsys.readouterr().out)
+    pins = opened["pins"]
+    assert isinstance(pins["seed"], int) and pins["strict_cache"] is True
+    assert pins["temperature"] == 1.0 and pins["top_p"] == 1.0 and pins["max_tokens"] > 0
+    assert opened["base_url"].endswith("/s/" + opened["session"])
+    bodies = read_bodies(recorded.store, opened["session"], recorded.key)
+    assert [b.kind for _, b in bodies] == ["stream.opened", "pins.set"]
+    assert bodies[1][1].pins == pins  # type: ignore[attr-defined]
+    assert main(["session", "new", "--home", home, "--json"]) == 0  # unpinned: the default
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["pins"] is None
+    assert [b.kind for _, b in read_bodies(recorded.store, plain["session"], recorded.key)] == [
+        "stream.opened"
+    ]
+    assert main(["session", "new", "--pin", "seed=abc", "--home", home]) == 2
+    assert main(["session", "new", "--pin", "colour=1", "--home", home]) == 2
+    assert main(["session", "show", "nope", "--home", home]) == 3
