@@ -41,6 +41,7 @@ system-deps:
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_append.py
 	$(BIN)/python bench/determinism_cost.py
+	$(BIN)/python bench/replay.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

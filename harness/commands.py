@@ -369,10 +369,8 @@ def register(app: typer.Typer) -> None:
             0 if outcome.result.outcome in ("ANSWERED", "STEP_LIMIT", "STOPPED") else 1
         )
 
-    try:
-        from harness import diverge
-    except ImportError:  # not written yet
-        return
+    from harness import diverge
+
     diverge.register(app)
 
 

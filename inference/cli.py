@@ -10,6 +10,7 @@ an ``argparse.Namespace`` to the ``run_*`` functions, which return the exit code
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from enum import StrEnum
 from typing import Annotated
@@ -94,10 +95,19 @@ def run_make_model(args: argparse.Namespace) -> int:
     except FileExistsError as exc:
         print(f"affidavit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"wrote {made.path}")
-    print(f"weights_digest {made.weights_digest}")
     expected, got = known_answers(), made.answers()
     differing = sorted(k for k in expected.keys() | got.keys() if expected.get(k) != got.get(k))
+    if getattr(args, "json", False):
+        doc = {
+            "path": str(made.path),
+            "weights_digest": made.weights_digest,
+            "matches_known_answers": not differing,
+            "differing": differing,
+        }
+        print(json.dumps(doc))
+        return EXIT_PROBLEM if differing else 0
+    print(f"wrote {made.path}")
+    print(f"weights_digest {made.weights_digest}")
     if differing:
         print(
             f"affidavit: the model differs from the known answers in {KNOWN_ANSWERS.name}: "
@@ -165,8 +175,9 @@ def engine_make_model(
     directory: Annotated[
         str, typer.Argument(metavar="DIR", help="directory to create (absent or empty)")
     ],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
-    _exit(run_make_model(argparse.Namespace(dir=directory)))
+    _exit(run_make_model(argparse.Namespace(dir=directory, json=as_json)))
 
 
 _VLLM = "vllm backend: "

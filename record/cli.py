@@ -147,6 +147,7 @@ _Stream = Annotated[str, typer.Argument(metavar="STREAM", help="the stream (sess
 @_command
 def keys_new(
     out: Annotated[str, typer.Option(metavar="KEY_FILE", help="file for the private key")],
+    as_json: _Json = False,
 ) -> int:
     """Write an X25519 keypair (0600) and print its public key."""
     target = Path(out)
@@ -154,7 +155,10 @@ def keys_new(
         raise UsageError(f"{target} already exists; refusing to overwrite a key")
     pair = KeyPair.generate()
     pair.write(target)
-    print(pair.recipient.text())
+    if as_json:
+        print(json.dumps({"key_file": str(target), "public_key": pair.recipient.text()}))
+    else:
+        print(pair.recipient.text())
     return EXIT_OK
 
 
@@ -204,6 +208,7 @@ def log_export(
     out: Annotated[
         str, typer.Option(metavar="DIR", help="the bundle directory to write (absent or empty)")
     ],
+    as_json: _Json = False,
 ) -> int:
     """Write a stream's auditor bundle."""
     source = Path(store)
@@ -213,6 +218,9 @@ def log_export(
         index = export_stream(source, stream, out)
     except FileExistsError as exc:
         raise UsageError(str(exc)) from None
+    if as_json:
+        print(json.dumps({"stream": stream, "bundle": str(out), **index}, default=str))
+        return EXIT_OK
     print(
         f"exported {index['entries']} entries and {index['checkpoints']} checkpoint(s) "
         f"of {stream} to {out}"
@@ -250,7 +258,7 @@ def log_show(
 
 
 @_command
-def log_key(store: _Store) -> int:
+def log_key(store: _Store, as_json: _Json = False) -> int:
     """Print the log's checkpoint verifier key."""
     from record.sqlite_store import SQLiteStore
 
@@ -262,7 +270,7 @@ def log_key(store: _Store) -> int:
     if vkey is None:
         print(f"store {store} has no log key yet", file=sys.stderr)
         return EXIT_PROBLEM
-    print(vkey)
+    print(json.dumps({"log_key": vkey}) if as_json else vkey)
     return EXIT_OK
 
 
@@ -273,6 +281,7 @@ def log_checkpoint(
     out: Annotated[
         str | None, typer.Option(metavar="FILE", help="also write the note to this file")
     ] = None,
+    as_json: _Json = False,
 ) -> int:
     """Sign a checkpoint of a stream now."""
     from record.log import Log
@@ -284,7 +293,10 @@ def log_checkpoint(
         cp = log.checkpoint(stream)
     if out:
         Path(out).write_bytes(cp.note)
-    sys.stdout.write(cp.note.decode())
+    if as_json:
+        print(json.dumps({"stream": stream, "size": cp.size, "note": cp.note.decode()}))
+    else:
+        sys.stdout.write(cp.note.decode())
     return EXIT_OK
 
 

@@ -1,6 +1,7 @@
 """The harness tests' appliance: the real engine, proxy and control plane in this process,
 a loopback web whose page changes on every fetch, and two MCP servers behind the proxy: our
-ledger (a side effect, spawned under ``unshare --net``) and ``mcp-server-time`` from PyPI."""
+ledger (a side effect, spawned under ``unshare --net``) and ``mcp-server-time`` from PyPI,
+both stdio, and a remote streamable-HTTP one (``remote``, with a bearer token)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from harness.state import Home
 from harness.up import RunningAppliance, _serve, running_appliance
+from tests.egress_proxy.tool_rig import REMOTE_TOKEN, Remote
 
 LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
 PINS = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 200, "strict_cache": True}
@@ -52,6 +54,7 @@ class HarnessRig:
     web: ChangingWeb
     web_url: str
     ledger: Path
+    remote: Remote
 
 
 @contextmanager
@@ -74,10 +77,18 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
                 "idempotent_tools": ["get_current_time"],
             },
         }
-    web = ChangingWeb()
+    web, remote = ChangingWeb(), Remote()
     home = Home(tmp / "home")
-    with (
-        _serve(web) as url,
-        running_appliance(home, mcp_servers=servers, search_url=url + "/search?q={query}") as up,
-    ):
-        yield HarnessRig(home, up, web, url, ledger)
+    env = {"TEST_REMOTE_MCP_TOKEN": REMOTE_TOKEN}
+    with _serve(web) as url, _serve(remote.app()) as far:
+        if mcp:
+            servers["remote"] = {
+                "transport": "streamable_http",
+                "url": far + "/mcp",
+                "bearer_token_env": "TEST_REMOTE_MCP_TOKEN",
+                "idempotent_tools": ["peek"],
+            }
+        with running_appliance(
+            home, mcp_servers=servers, search_url=url + "/search?q={query}", env=env
+        ) as up:
+            yield HarnessRig(home, up, web, url, ledger, remote)

@@ -40,8 +40,14 @@ from tests.harness.rig import PINS, HarnessRig, harness_rig, named
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = TurnPolicy(
-    5,
-    (named("ledger__append_note"), named("time__get_current_time"), named("web_search"), "none"),
+    6,
+    (
+        named("ledger__append_note"),
+        named("time__get_current_time"),
+        named("remote__peek"),
+        named("web_search"),
+        "none",
+    ),
 )
 
 
@@ -71,7 +77,13 @@ def test_a_live_turn_calls_three_tools_through_the_proxy_and_records_it_in_order
     result = recorded.result
     assert result.outcome == "ANSWERED", result.detail
     names = [c[1] for s in result.steps for c in s.completion.tool_calls]
-    assert names == ["ledger__append_note", "time__get_current_time", "web_search"]
+    assert names == [
+        "ledger__append_note",
+        "time__get_current_time",
+        "remote__peek",
+        "web_search",
+    ]
+    assert len(recorded.rig.remote.calls) == 1  # the remote server, reached by the proxy
     assert recorded.rig.ledger.read_text().count("\n") == 1  # the side effect, once
     assert recorded.rig.web.fetches == 1
     bodies = read_bodies(recorded.store, recorded.session, recorded.key)
@@ -86,16 +98,17 @@ def test_a_live_turn_calls_three_tools_through_the_proxy_and_records_it_in_order
     assert [(c.server, c.tool, c.idempotent) for c in calls] == [
         ("ledger", "append_note", False),
         ("time", "get_current_time", True),  # mcp-server-time from PyPI, through the proxy
+        ("remote", "peek", True),  # a remote streamable-HTTP server, through the proxy
     ]
     assert sum(isinstance(b, FetchRequest) for _, b in bodies) == 1  # web_search via fetch
     steps = [(b.turn, b.step) for _, b in bodies if isinstance(b, ModelRequest)]
-    assert steps == [(0, 0), (0, 1), (0, 2), (0, 3)]  # numbered, recorded by the proxy
+    assert steps == [(0, 0), (0, 1), (0, 2), (0, 3), (0, 4)]  # numbered, recorded by the proxy
     started = next(b for _, b in bodies if isinstance(b, TurnStarted))
     assert started.input_bytes == b"Note this, tell the time, search the web."
     ended = next(b for _, b in bodies if isinstance(b, TurnEnded))
     assert ended.answer_bytes == result.answer.encode()
     labels = next(b for _, b in bodies if isinstance(b, StreamOpened)).labels
-    assert json.loads(labels["affidavit/policy"])["tool_choice"][3] == "none"
+    assert json.loads(labels["affidavit/policy"])["tool_choice"][4] == "none"
     assert recorded.rig.home.checkpoints(recorded.session), "annotations' checkpoints are kept"
 
 
@@ -103,7 +116,7 @@ def test_reconstruct_is_exact_and_touches_no_network_and_writes_nothing(recorded
     before = Path(recorded.store).stat().st_mtime_ns, recorded.rig.web.fetches
     report = reconstruct_turn(recorded.store, recorded.session, 0, recorded.key)
     assert report.ok, report.json()
-    assert [s["identical"] for s in report.steps] == [True] * 4 and report.answer_identical
+    assert [s["identical"] for s in report.steps] == [True] * 5 and report.answer_identical
     assert (Path(recorded.store).stat().st_mtime_ns, recorded.rig.web.fetches) == before
 
 
@@ -164,14 +177,15 @@ def test_reexecute_is_identical_with_zero_live_calls_and_one_engine_request_per_
         on_step=lambda v: lines.append(v.line()),
     )
     assert report.identical, report.json()
-    assert engine.stats()["scheduler"]["admitted"] - admitted == 4  # one request per step
+    assert engine.stats()["scheduler"]["admitted"] - admitted == 5  # one request per step
+    assert len(recorded.rig.remote.calls) == 1
     assert report.live_calls == 0 and recorded.rig.web.fetches == fetches
     assert recorded.rig.ledger.read_text() == ledger  # the side effect did not happen again
     assert lines[0] == (
         "Replay of turn 0, step 0: prompt identical · injected clock identical · request "
         "identical · reply identical · 1 tool result replayed from the record · 0 live calls"
     )
-    assert [v.tools_replayed for v in report.verdicts] == [1, 1, 1, 0]
+    assert [v.tools_replayed for v in report.verdicts] == [1, 1, 1, 1, 0]
     replay = read_bodies(recorded.store, report.replay_stream, recorded.key)
     labels = next(b for _, b in replay if isinstance(b, StreamOpened)).labels
     assert labels["affidavit/replays"] == recorded.session
@@ -204,7 +218,7 @@ def test_replay_cli_prints_verdicts_and_exits_by_them(
     home = str(recorded.rig.home.root)
     assert main(["replay", recorded.session, "0", "--home", home]) == 0
     out = capsys.readouterr().out
-    assert out.count("reply identical") == 4 and "identical: 4 of 4 steps" in out
+    assert out.count("reply identical") == 5 and "identical: 5 of 5 steps" in out
     assert main(["replay", recorded.session, "0", "--home", home, "--pin", "seed=43"]) == 1
     assert "reply differs" in capsys.readouterr().out
     assert main(["replay", recorded.session, "0", "--home", home, "--reconstruct", "--json"]) == 0
@@ -234,3 +248,30 @@ def test_session_new_cli_pins_default_draws_a_seed_once_and_records_it(
     assert main(["session", "new", "--pin", "seed=abc", "--home", home]) == 2
     assert main(["session", "new", "--pin", "colour=1", "--home", home]) == 2
     assert main(["session", "show", "nope", "--home", home]) == 3
+
+
+def test_the_harness_connects_to_nothing_but_the_proxy(recorded: Recorded, tmp_path: Path) -> None:
+    """A whole live turn run as the CLI under strace: every connect() it makes goes to the
+    proxy's data plane or its control socket (the web, the engine and the MCP servers are
+    reached only by the proxy)."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (the Makefile installs it)")
+    rig = recorded.rig
+    state = open_session(rig.home, PINS, policy=TurnPolicy(3, (named("web_search"), "none")))
+    trace = tmp_path / "connects.txt"
+    args = [
+        "strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace),
+        sys.executable, "-m", "harness.cli", "turn", state.session_id, "Search, then answer.",
+        "--home", str(rig.home.root),
+    ]  # fmt: skip
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [x for x in trace.read_text().splitlines() if "connect(" in x]
+    port = int(rig.up.appliance.proxy_url.rsplit(":", 1)[1])
+    inet = [x for x in lines if "AF_INET" in x]
+    unix = [x for x in lines if "AF_UNIX" in x]
+    assert inet and unix, lines  # it did use both planes
+    assert all(f"sin_port=htons({port})" in x and "127.0.0.1" in x for x in inet), inet
+    assert all(rig.up.appliance.control_socket in x for x in unix), unix
+    assert len(inet) + len(unix) == len(lines), lines
+    assert rig.web.fetches >= 1  # the web was reached, by the proxy
