@@ -147,6 +147,10 @@ class Agent:
                 except TurnStop as exc:
                     return TurnResult(turn, "STOPPED", content, steps, str(exc))
             if not done.tool_calls:
+                choice = self.policy.choice(step) if self.catalogue else "none"
+                if done.finish_reason == "length" and choice not in ("auto", "none"):
+                    cut = f"step {step}: max_tokens cut the reply before its tool call was whole"
+                    return TurnResult(turn, "FAILED", content, steps, cut)
                 return TurnResult(turn, "ANSWERED", content, steps)
             messages.append(assistant_message(done.content, done.tool_calls))
             reply_seq = int((done.annotation or {})["seq"])

@@ -19,12 +19,17 @@ from typing import IO, Annotated, Any, Protocol, cast
 
 import typer
 
+from harness.state import HomeMissing
 from inference import cli as engine_cli
 from record import cli as record_cli
 
 __all__ = ["app", "build_app", "main"]
 
-EXIT_OK, EXIT_PROBLEM = record_cli.EXIT_OK, record_cli.EXIT_PROBLEM
+EXIT_OK, EXIT_PROBLEM, EXIT_MISSING = (
+    record_cli.EXIT_OK,
+    record_cli.EXIT_PROBLEM,
+    record_cli.EXIT_MISSING,
+)
 
 
 class _ClickError(Protocol):
@@ -108,6 +113,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except typer.Abort:
         print("Aborted!", file=sys.stderr)
         return EXIT_PROBLEM
+    except HomeMissing as exc:  # no appliance, session, store or key file: exit 3
+        print(f"affidavit: missing: {exc}", file=sys.stderr)
+        return EXIT_MISSING
     except Exception as exc:
         code = record_cli.report_error(exc)
         if code is None:

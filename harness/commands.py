@@ -180,9 +180,14 @@ def register(app: typer.Typer) -> None:
             }
             for t in turn_states(bodies)
         ]
+        status = state.status
+        if turns and turns[-1]["outcome"] == "open" and status != "needs_decision":
+            status = "interrupted"  # the record says so, whatever the state file last saw
+        elif status == "running":
+            status = "idle"
         doc = {
             "session": session,
-            "status": state.status,
+            "status": status,
             "pending": state.pending,
             "pins": state.pins,
             "base_url": state.base_url,
@@ -195,6 +200,8 @@ def register(app: typer.Typer) -> None:
         print(
             f"session {session}  status {state.status}  pins {json.dumps(state.pins) if state.pins else 'none'}"
         )
+        if status == "interrupted":
+            print(f"  turn {turns[-1]['turn']} did not end: affidavit resume {session}")
         if state.pending:
             print(
                 f"  waits for a decision on {state.pending.get('tool')} call {state.pending.get('call_id')}:"

@@ -30,7 +30,7 @@ PINS: dict[str, Any] = {
     "seed": 42,
     "temperature": 0.7,
     "top_p": 0.95,
-    "max_tokens": 64,
+    "max_tokens": 128,
     "strict_cache": True,
 }
 _ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "jinja2")

@@ -28,8 +28,17 @@ from harness.session import (
 from harness.state import Home, SessionState
 from harness.tools import ProxyToolbox
 from record.digest import Domain, digest
-from record.schema import ModelRequest, ModelResponse, PinsSet, Strict, TurnEnded, TurnStarted
-from record.seal import KeyPair
+from record.schema import (
+    KeyRotated,
+    ModelRequest,
+    ModelResponse,
+    PinsSet,
+    StreamOpened,
+    Strict,
+    TurnEnded,
+    TurnStarted,
+)
+from record.seal import KeyPair, RecipientKey
 
 __all__ = [
     "LABEL_REPLAYS",
@@ -71,9 +80,15 @@ class StepVerdict:
             d = self.first_difference
             text += (
                 f"\n    first difference at byte {d['byte']}: recorded {d['recorded']!r}, "
-                f"replayed {d['replayed']!r}; token {d['token']}: recorded "
-                f"{d['recorded_token']!r}, replayed {d['replayed_token']!r}"
+                f"replayed {d['replayed']!r}; "
             )
+            if d["token"] is None:
+                text += "the generated tokens are identical (the bytes differ around them)"
+            else:
+                text += (
+                    f"token {d['token']}: recorded {d['recorded_token']!r}, "
+                    f"replayed {d['replayed_token']!r}"
+                )
         return text
 
     def json(self) -> dict[str, Any]:
@@ -159,7 +174,7 @@ def reexecute_turn(
     pins = pins_before(bodies, turn)
     with control(appliance) as client:
         opened = client.open_session(
-            [key.recipient],
+            _recipients(bodies, key),
             {
                 LABEL_REPLAYS: stream,
                 LABEL_REPLAYS_TURN: str(turn),
@@ -259,6 +274,16 @@ def reexecute_turn(
     return report
 
 
+def _recipients(bodies: list[tuple[int, Strict]], key: KeyPair) -> list[RecipientKey]:
+    """Whoever could read the replayed stream can read its replay (and the opener)."""
+    keys = {key.recipient.text(): key.recipient}
+    for _, body in bodies:
+        if isinstance(body, StreamOpened | KeyRotated):
+            for wrapped in body.recipients:
+                keys.setdefault(wrapped.recipient, RecipientKey.from_text(wrapped.recipient))
+    return list(keys.values())
+
+
 def _recorded_steps(bodies: list[tuple[int, Strict]], turn: int) -> list[tuple[int, bytes]]:
     """(request seq, recorded response bytes) of each model step of the turn."""
     from egress_proxy.replay_plan import turn_bodies
@@ -319,15 +344,15 @@ def first_difference(recorded: bytes, replayed: bytes) -> dict[str, Any]:
         min(len(recorded), len(replayed)),
     )
     was, now = _pieces(recorded), _pieces(replayed)
-    token = next(
+    token: int | None = next(
         (i for i, (a, b) in enumerate(zip(was, now, strict=False)) if a != b),
-        min(len(was), len(now)),
-    )
+        None if len(was) == len(now) else min(len(was), len(now)),
+    )  # None: the generated text is the same; the bytes differ elsewhere (ids, usage)
     return {
         "byte": at,
         "recorded": recorded[max(0, at - 8) : at + 24].decode("utf-8", "replace"),
         "replayed": replayed[max(0, at - 8) : at + 24].decode("utf-8", "replace"),
         "token": token,
-        "recorded_token": was[token] if token < len(was) else None,
-        "replayed_token": now[token] if token < len(now) else None,
+        "recorded_token": was[token] if token is not None and token < len(was) else None,
+        "replayed_token": now[token] if token is not None and token < len(now) else None,
     }

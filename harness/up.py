@@ -47,10 +47,13 @@ def running_appliance(
     search_url: str | None = None,
     env: Mapping[str, str] | None = None,
     progress: Any = None,
+    clock: str | None = None,
 ) -> Iterator[RunningAppliance]:
-    """Engine, proxy and control plane, running until the block ends."""
+    """Engine, proxy and control plane, running until the block ends. ``clock`` fixes the
+    instant the proxy injects (tests: the tiny model's output then depends on nothing else)."""
     import torch
 
+    from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
     from inference.make_model import make_model
@@ -91,7 +94,8 @@ def running_appliance(
         log = stack.enter_context(Log.open(store, appliance_key=appliance_key))
         socket_path = home.root / "control.sock"
         say("starting the egress proxy")
-        proxy = ProxyServer(config, log, env=env, control_socket=socket_path)
+        fixed = Clock.fixed(clock) if clock is not None else None
+        proxy = ProxyServer(config, log, env=env, control_socket=socket_path, clock=fixed)
         stack.enter_context(proxy)
         appliance = Appliance(
             proxy_url=proxy.url,

@@ -9,15 +9,18 @@ import itertools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.state import Home
 from harness.up import RunningAppliance, _serve, running_appliance
-from tests.egress_proxy.tool_rig import REMOTE_TOKEN, Remote
+from tests.egress_proxy.tool_rig import REMOTE_TOKEN
 
 LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
+#: The instant the proxy injects into every prompt: fixed, so the tiny model's replies (and
+#: so the tool calls a test expects) are the same on every run.
+CLOCK = "2026-07-22T09:30:00Z"
 PINS = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 200, "strict_cache": True}
 
 
@@ -45,6 +48,36 @@ class ChangingWeb:
         headers = [(b"content-type", b"text/plain")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+@dataclass
+class Remote:
+    """A remote streamable-HTTP MCP server (the SDK's), one tool ``peek {word}``."""
+
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> Any:
+        import mcp_types as types
+        from mcp.server.lowlevel.server import Server
+
+        schema = {
+            "type": "object",
+            "properties": {"word": {"type": "string", "maxLength": 8}},
+            "required": ["word"],
+            "additionalProperties": False,
+        }
+
+        async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            tool = types.Tool(name="peek", description="Peek at a word.", input_schema=schema)
+            return types.ListToolsResult(tools=[tool])
+
+        async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+            self.calls.append(dict(params.arguments or {}))
+            text = f"peeked at {len(self.calls)} words"
+            return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+        server = Server("harness-remote", on_list_tools=list_tools, on_call_tool=call_tool)
+        return server.streamable_http_app(json_response=True, host="127.0.0.1")
 
 
 @dataclass
@@ -89,6 +122,6 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
                 "idempotent_tools": ["peek"],
             }
         with running_appliance(
-            home, mcp_servers=servers, search_url=url + "/search?q={query}", env=env
+            home, mcp_servers=servers, search_url=url + "/search?q={query}", env=env, clock=CLOCK
         ) as up:
             yield HarnessRig(home, up, web, url, ledger, remote)

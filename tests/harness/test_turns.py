@@ -275,3 +275,38 @@ def test_the_harness_connects_to_nothing_but_the_proxy(recorded: Recorded, tmp_p
     assert all(rig.up.appliance.control_socket in x for x in unix), unix
     assert len(inet) + len(unix) == len(lines), lines
     assert rig.web.fetches >= 1  # the web was reached, by the proxy
+
+
+def test_an_armed_session_answers_fetches_from_the_plan_and_refuses_the_rest(
+    recorded: Recorded,
+) -> None:
+    """The proxy side of re-execute for web tools: a recorded fetch is answered with the
+    recorded page (the live web has moved on), anything else is 409 ``replay_miss``."""
+    import httpx
+
+    from egress_proxy.control import ControlClient
+
+    rig = recorded.rig
+    bodies = read_bodies(recorded.store, recorded.session, recorded.key)
+    fetched = next(b for _, b in bodies if isinstance(b, FetchRequest))
+    with ControlClient(rig.up.appliance.control_socket) as control:
+        opened = control.open_session(
+            [recorded.key.recipient], {"affidavit/replays": recorded.session}
+        )
+        armed = control.arm_replay(opened.session_id, recorded.session, turn=0)
+    assert armed.model_steps == 5 and armed.tool_calls == 4  # 3 MCP calls and 1 fetch
+    before = rig.web.fetches
+    url = opened.base_url + "/v1/fetch"
+    auth = {"authorization": f"Bearer {opened.token}"}
+    body = {"method": "GET", "url": fetched.url, "headers": {"user-agent": "affidavit-harness"}}
+    with httpx.Client(trust_env=False, timeout=30) as http:
+        served = http.post(url, json=body, headers=auth)
+        missed = http.post(url, json={**body, "url": rig.web_url + "/elsewhere"}, headers=auth)
+    assert served.status_code == 200, served.text
+    answer = served.json()
+    assert answer["affidavit"]["replayed_from"] is not None
+    import base64
+
+    assert base64.b64decode(answer["body"]).startswith(b"page version 0 ")
+    assert missed.status_code == 409 and missed.json()["error"]["code"] == "replay_miss"
+    assert rig.web.fetches == before  # neither reached the web
