@@ -10,14 +10,14 @@ One process runs the whole appliance on loopback, as ``affidavit up`` does
 egress proxy writing the record, its control plane on a Unix socket), with a loopback page
 server (a raw ASGI app under uvicorn) as the search endpoint. For each turn length N (1, 2,
 4 and 10 model steps; ``--quick``: 1, 2 and 4) it opens pinned sessions
-(``harness.session.open_session``: seed 42, temperature 0.7, top_p 0.95, strict cache)
-whose turn policy forces a tool call on each of the first N - 1 steps and forbids one on
+(``harness.session.open_session``: seed 42, temperature 0.7, top_p 0.95, strict cache;
+the proxy injects a fixed clock, ``--live-clock`` the system's) whose turn policy forces a tool call on each of the first N - 1 steps and forbids one on
 the last, so a turn is N model steps and N - 1 tool calls through the proxy. Per session:
 
 - ``original``: one live turn (``harness.session.run_turn``), timed: model calls to the
   engine through the proxy, tool calls through the proxy's fetch endpoint, every entry
-  sealed and durably committed. The steps it really made are counted (an early answer is
-  said in the table: a figure for fewer steps is not one for N).
+  sealed and durably committed. The steps it really made are counted (a turn that ends
+  early is said in the table, with its outcome: a figure for fewer steps is not one for N).
 - ``re-execute``: ``harness.reexecute.reexecute_turn`` of that turn right after it (the
   engine decodes every step again; the proxy judges each reply and serves the tools from
   the record), timed. It must be ``identical``. Its ratio is paired: each re-execution
@@ -43,12 +43,12 @@ name ``web_search`` (``--tool-choice required`` lets the model choose): with ran
 the tiny model's ``web_fetch`` URLs are mostly not URLs, refused (400) before anything is
 recorded, and a well-formed one would be dialled wherever it points; a search always goes
 to the loopback page server and is recorded. ``max_tokens`` is 96 (``--max-tokens``): the
-call framing is about 21 tokens and the argument may be 48 characters, so at 48 every
-forced call is cut and the agent takes the cut reply as its answer after one step.
+call framing is about 21 tokens and the argument may be 48 characters, so at 48 nearly
+every forced call is cut, and the turn ends there (``FAILED``: a cut forced call).
 
 Goal: a 10-step turn reconstructed in <= 10 ms. Before anything is timed, one turn is
-recorded, reconstructed and re-executed untimed (imports, the engine's first decode, the
-control-plane channel). It prints one table, the breakdown table and, last, one line of
+recorded and re-executed, and later reconstructed, untimed (imports, the engine's first
+decode, the control-plane channel, the SDK's first request). It prints one table, the breakdown table and, last, one line of
 JSON holding every figure. It exits 0 whenever it ran (a failed reconstruction or a
 re-execution that is not identical stops it with an error: then nothing was measured).
 """
@@ -88,6 +88,9 @@ PINS: dict[str, Any] = {
     "strict_cache": True,
 }
 SEARCH: dict[str, Any] = {"type": "function", "function": {"name": "web_search"}}
+#: The instant the proxy injects into every prompt (``--live-clock``: the system clock). Fixed,
+#: the tiny model's turns depend on nothing else, so runs on different days do the same work.
+CLOCK = "2026-07-22T09:30:00Z"
 QUESTION = "Search the web for the river stone, then say what you found."
 PAGE = (
     b"<html><head><title>River stone</title></head><body><p>The river stone sits by the old "
@@ -262,12 +265,14 @@ def probed(store: str, session: Session, key: KeyPair, probe: Probe) -> dict[str
     return parts
 
 
-def measure(plan: Plan, choice: str, pins: dict[str, Any], scratch: Path) -> list[Session]:
+def measure(
+    plan: Plan, choice: str, pins: dict[str, Any], clock: str | None, scratch: Path
+) -> list[Session]:
     home = Home(scratch / "home")
     sessions: list[Session] = []
     with (
         _serve(page_app) as page_url,
-        running_appliance(home, search_url=page_url + "/search?q={query}") as up,
+        running_appliance(home, search_url=page_url + "/search?q={query}", clock=clock) as up,
     ):
         store = up.appliance.store
         progress("warm-up: one turn recorded and re-executed, untimed")
@@ -314,6 +319,7 @@ def figures_of(sessions: Sequence[Session], plan: Plan) -> dict[str, Any]:
             "reexecute_ms",
             "reexecute_ratio",
             "steps_made",
+            "outcomes",
             "tool_calls",
             "stream_entries",
             "breakdown_ms",
@@ -334,6 +340,7 @@ def figures_of(sessions: Sequence[Session], plan: Plan) -> dict[str, Any]:
             statistics.median(s.reexecute_s / s.original_s for s in of), 3
         )
         out["steps_made"][n] = [s.made for s in of]
+        out["outcomes"][n] = [s.outcome for s in of]
         out["tool_calls"][n] = {
             "recorded": [s.tools_recorded for s in of],
             "refused_or_failed": [s.tools_other for s in of],
@@ -400,7 +407,9 @@ def table(figures: dict[str, Any], verdict: bool | None) -> str:
     rows: list[tuple[str, ...]] = [head]
     for n in figures["reconstruct_ms"]:
         made = figures["steps_made"][n]
-        early = any(m != int(n) for m in made)
+        early = sorted(
+            {o for m, o in zip(made, figures["outcomes"][n], strict=True) if m != int(n)}
+        )
         tools = figures["tool_calls"][n]
         other = sum(tools["refused_or_failed"])
         calls = f"{span(tools['recorded'])} recorded" + (f", {other} not" if other else "")
@@ -413,7 +422,7 @@ def table(figures: dict[str, Any], verdict: bool | None) -> str:
         rows.append(
             (
                 n,
-                span(made) + (" (answered early)" if early else ""),
+                span(made) + (f" (ended early: {', '.join(early)})" if early else ""),
                 calls,
                 f"{figures['original_turn_ms'][n]:,.1f} ms",
                 f"{figures['reexecute_ms'][n]:,.1f} ms",
@@ -457,6 +466,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--max-tokens", type=int, default=PINS["max_tokens"], help="the max_tokens pin"
     )
+    parser.add_argument(
+        "--live-clock",
+        action="store_true",
+        help=f"inject the system clock (default: the fixed instant {CLOCK})",
+    )
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     pins = {**PINS, "max_tokens": args.max_tokens}
@@ -464,7 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-replay-"))
     started = time.perf_counter()
     try:
-        sessions = measure(plan, args.tool_choice, pins, scratch)
+        clock = None if args.live_clock else CLOCK
+        sessions = measure(plan, args.tool_choice, pins, clock, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     figures = figures_of(sessions, plan)
@@ -477,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python": sys.version.split()[0],
         "pins": pins,
         "tool_choice": args.tool_choice,
+        "clock": "system" if args.live_clock else CLOCK,
         "sessions_per_length": plan.turns,
         "reconstructs_per_session": plan.reconstructs,
         "probed_runs_per_session": plan.probes,

@@ -46,12 +46,13 @@ def _missing(exc: Exception) -> typer.Exit:
 
 
 def _phase_printer() -> Any:
-    """With AFFIDAVIT_TRACE_PHASES=1 each phase of a turn is printed (tests watch for them)."""
+    """With AFFIDAVIT_TRACE_PHASES=1 each phase of a turn is printed to stderr (tests watch
+    for them; stdout stays one JSON document with ``--json``)."""
     if os.environ.get("AFFIDAVIT_TRACE_PHASES") != "1":
         return None
 
     def say(name: str) -> None:
-        print(f"phase {name}", flush=True)
+        print(f"phase {name}", file=sys.stderr, flush=True)
 
     return say
 

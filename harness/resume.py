@@ -195,6 +195,21 @@ class _ResumeToolbox:
         return self.live.call(spec, arguments, reply_seq=reply_seq, call_id=call_id)
 
 
+def _committed_only(bodies: list[tuple[int, Strict]]) -> list[tuple[int, Strict]]:
+    """The record less every model call whose reply is not ``COMMITTED`` (and that reply)."""
+    committed = {
+        b.request_seq
+        for _, b in bodies
+        if isinstance(b, ModelResponse) and b.outcome == "COMMITTED"
+    }
+    dropped = {s for s, b in bodies if isinstance(b, ModelRequest) and s not in committed}
+    return [
+        (s, b)
+        for s, b in bodies
+        if s not in dropped and not (isinstance(b, ModelResponse) and b.request_seq in dropped)
+    ]
+
+
 def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | None = None) -> int:
     """Record a person's decision on the call a ``needs_decision`` turn waits on; its seq."""
     state = home.session(session_id)
@@ -256,8 +271,10 @@ def resume_session(
         return ResumeOutcome(turn, finish_turn(home, state, result))
     text, past, labels, _, _, _ = turn_setup(bodies, turn)
     sliced = turn_bodies(bodies, turn)
+    # Only committed model calls are served: a step sent again after a FAILED or UNKNOWN
+    # reply has two requests in the record, and the plan must not be shifted by the first.
     pipeline = reconstruct_pipeline(
-        appliance.store, session_id, opener, turn, bodies=bodies, annotated=True
+        appliance.store, session_id, opener, turn, bodies=_committed_only(bodies), annotated=True
     )
     transport = _ResumeTransport(pipeline, state.base_url, state.token)
     live_tools = ProxyToolbox(state.base_url, state.token, search_url=appliance.search_url)
@@ -268,7 +285,9 @@ def resume_session(
         max_retries=0,
         http_client=httpx2.Client(transport=transport, timeout=600),
     )
-    first = next((c.body for c in pipeline.plan if isinstance(c.body, ModelRequest)), None)
+    first = next(
+        (b for _, b in sliced if isinstance(b, ModelRequest) and b.request_bytes), None
+    )  # the catalogue the turn offered, whatever became of that request
     if first is not None:
         from harness.tools import catalogue_from_request
 

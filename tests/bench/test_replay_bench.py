@@ -29,6 +29,7 @@ def test_replay_quick_prints_two_tables_and_a_json_line() -> None:
         "goal_10_step_ms",
         "goal_met",
         "steps_made",
+        "outcomes",
         "tool_calls",
         "stream_entries",
         "breakdown_ms",

@@ -3,7 +3,7 @@
 Run as a script (the proxy spawns it in its own network namespace). ``LEDGER`` (environment)
 names a file; its tools:
 
-- ``append_note {text}``: appends one line ``<call id or -> <text>`` to the ledger: not
+- ``append_note {text}``: appends one line (the text's ``repr``) to the ledger: not
   idempotent (a second call adds a second line);
 - ``count_notes {}``: how many lines the ledger has: idempotent;
 - ``hang_once {}``: the first call (no marker file yet) kills this server mid-call, so the

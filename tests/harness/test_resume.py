@@ -3,10 +3,11 @@ server whose ``append_note`` is not idempotent, a loopback web whose page change
 fetch), with the harness as the real CLI in a subprocess.
 
 The kill test: fifty turns, each ``affidavit turn`` SIGKILLed at a point chosen from the
-phases it prints (plus 0–30 ms), then ``affidavit resume``. Where each kill *landed* is read
-from the record as it stood right after the kill (the proxy still finishes what the dead
-client left, so the record may grow before resume), printed as a histogram, and every
-landing place that matters must have been hit. After each resume: the turn completed, no
+phases it prints (plus 0–30 ms) or from the entries the record shows, then ``affidavit
+resume``. Where each kill *landed* is read from the record: the entries appended before the
+kill, by their own timestamps (the proxy still finishes what the dead client left, so the
+record grows after the kill). The landings are printed as a histogram, and every landing
+place that matters must have been hit. After each resume: the turn completed, no
 committed model step was sent again, and every ``append_note`` call reached the ledger once.
 
 Then the calls whose outcome is unknown (``hang_once`` kills its server mid-call, so the proxy
@@ -14,6 +15,9 @@ records ``UNKNOWN``): a live turn stops ``needs_decision``; ``resume --decide sk
 the decision and finishes without calling again, ``--decide retry`` re-sends it once (to the
 server the proxy respawned), ``--decide abort`` stops the turn; and where the tool is
 idempotent the harness re-sends it by itself, live and on resume.
+
+Last, a step whose first reply FAILED (planted at the engine) and whose second, sent by a
+first resume, committed: a second resume serves it from the record, it does not send it again.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +58,12 @@ from record.schema import (
     TurnDecided,
     TurnEnded,
     TurnStarted,
+    body_kind,
+    parse_head,
 )
 from record.seal import KeyPair
-from tests.harness.rig import LEDGER_SERVER, PINS, HarnessRig, harness_rig, named
+from record.sqlite_store import SQLiteStore
+from tests.harness.rig import CLOCK, LEDGER_SERVER, PINS, HarnessRig, harness_rig, named
 
 REPO = Path(__file__).resolve().parents[2]
 KILL_POLICY = TurnPolicy(
@@ -65,8 +73,11 @@ KILL_POLICY = TurnPolicy(
 HANG_POLICY = TurnPolicy(3, (named("ledger__hang_once"), "none"))
 ITERATIONS = 50
 SEED = 20260807
-#: Where a kill is aimed: after one of these phase lines, plus 0–30 ms.
-TARGETS = [
+#: Where a kill is aimed. ``phase …``: 0–30 ms after the turn prints that phase line.
+#: ``record …``: the moment that entry shows up in the store (the n-th of its kind): a tool
+#: call's result follows its call within ~2 ms, and the next model request follows a result
+#: within ~5 ms, windows too short to hit reliably from a phase line.
+PHASES = [
     "turn_started turn=0",
     *[
         line
@@ -80,23 +91,34 @@ TARGETS = [
     ],
     "model_call step=3",
 ]
-#: Where kills must have landed (the last entry of the turn when the client died).
+WATCHED = [
+    "tool.call #1",
+    "tool.result #1",
+    "fetch.request #1",
+    "fetch.response #1",
+    "tool.call #2",
+    "tool.result #2",
+]
+TARGETS = [f"phase {p}" for p in PHASES] + [f"record {w}" for w in WATCHED]
+#: Where kills must have landed (the turn's last entry appended before the kill).
 REQUIRED = {
     "turn.started",
     "model.request (reply pending)",
     "model.response",
     "tool.call (result pending)",
     "tool.result",
+    "fetch.request (answer pending)",
     "fetch.response",
 }
 #: Targets likely to land in each place, for the last iterations if one was not hit yet.
 AIMS = {
-    "turn.started": ["turn_started turn=0"],
-    "model.request (reply pending)": [f"model_call step={s}" for s in (1, 2, 3)],
-    "model.response": [f"model_committed step={s}" for s in range(3)],
-    "tool.call (result pending)": ["tool_call step=0 call=0", "tool_call step=2 call=0"],
-    "tool.result": ["tool_done step=0 call=0", "tool_done step=2 call=0"],
-    "fetch.response": ["tool_done step=1 call=0"],
+    "turn.started": ["phase turn_started turn=0"],
+    "model.request (reply pending)": [f"phase model_call step={s}" for s in (1, 2, 3)],
+    "model.response": [f"phase model_committed step={s}" for s in range(3)],
+    "tool.call (result pending)": ["record tool.call #1", "record tool.call #2"],
+    "tool.result": ["record tool.result #1", "record tool.result #2"],
+    "fetch.request (answer pending)": ["record fetch.request #1"],
+    "fetch.response": ["record fetch.response #1"],
 }
 SPARE = 8  # the last iterations aim at landing places not hit yet
 
@@ -104,14 +126,18 @@ SPARE = 8  # the last iterations aim at landing places not hit yet
 def _env(trace: bool = False) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("AFFIDAVIT_TRACE_PHASES", None)
-    if trace:  # the phase lines go to stdout: not with --json
+    if trace:  # the phase lines go to stderr
         env["AFFIDAVIT_TRACE_PHASES"] = "1"
     return env
 
 
+def argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "harness.cli", *args]
+
+
 def affidavit(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
+        argv(*args),
         cwd=REPO,
         env=_env(),
         capture_output=True,
@@ -134,9 +160,18 @@ def bodies_of(home: Home, session: str) -> list[tuple[int, Strict]]:
     return read_bodies(home.appliance().store, session, KeyPair.read(home.user_key_file))
 
 
+def appended_at(home: Home, session: str) -> dict[int, datetime]:
+    """When each entry of the stream was appended (its envelope's ``occurred_at``)."""
+    store = SQLiteStore(home.appliance().store, readonly=True)
+    try:
+        heads = [parse_head(stored.line) for stored in store.entries(session)]
+    finally:
+        store.close()
+    return {h.seq: datetime.fromisoformat(h.occurred_at) for h in heads}
+
+
 def landing(bodies: Sequence[tuple[int, Strict]]) -> str:
-    """Where a kill landed: the turn's last entry when the client died (and whether the
-    request it is was still unanswered)."""
+    """Where a kill landed: the last entry appended before it (a request: still unanswered)."""
     last = bodies[-1][1]
     if isinstance(last, ModelRequest):
         return "model.request (reply pending)"
@@ -144,16 +179,16 @@ def landing(bodies: Sequence[tuple[int, Strict]]) -> str:
         return "tool.call (result pending)"
     if isinstance(last, FetchRequest):
         return "fetch.request (answer pending)"
-    if isinstance(last, TurnEnded):
-        return "turn.ended"
-    where = last.kind
+    where = body_kind(last)
     if pending_calls(bodies):  # an earlier request unanswered: not expected, but say so
         where += " (an earlier request pending)"
     return where
 
 
-def model_step_problems(bodies: Sequence[tuple[int, Strict]]) -> list[str]:
-    """A step whose reply was committed must never be asked again; every step once."""
+def model_step_problems(bodies: Sequence[tuple[int, Strict]], *, once: bool = True) -> list[str]:
+    """A step whose reply was committed must never be asked again (and with ``once``, where
+    no reply failed, no step is asked twice at all: the proxy finishes a call whose client
+    died, so resume finds it committed)."""
     replies = {b.request_seq: b for _, b in bodies if isinstance(b, ModelResponse)}
     asked: dict[tuple[int | None, int | None], list[tuple[int, str]]] = {}
     for seq, body in bodies:
@@ -171,6 +206,8 @@ def model_step_problems(bodies: Sequence[tuple[int, Strict]]) -> list[str]:
             problems.append(f"turn {turn} step {step} was committed {len(committed)} times")
         if committed and any(seq > committed[0] for seq, _ in requests):
             problems.append(f"turn {turn} step {step} was asked again after its commit")
+        if once and len(requests) > 1:
+            problems.append(f"turn {turn} step {step} was asked {len(requests)} times")
     return problems
 
 
@@ -211,7 +248,7 @@ class Iteration:
     delay_ms: float
     session: str = ""
     landed: str = ""
-    seen: str = ""  # the last phase line read before the kill
+    seen: str = ""  # the last phase line the turn printed
     resume: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
@@ -223,27 +260,28 @@ class Iteration:
             if served
             else "nothing resumed"
         )
+        delay = f" +{self.delay_ms:.0f}ms" if self.target.startswith("phase") else ""
         return (
-            f"#{self.index:02d} aim {self.target} +{self.delay_ms:.0f}ms -> {self.landed} "
+            f"#{self.index:02d} aim {self.target}{delay} -> {self.landed} "
             f"(last phase {self.seen!r}; record/live {counts})"
             + (f" PROBLEMS: {'; '.join(self.problems)}" if self.problems else "")
         )
 
 
-def kill_at(home: Home, session: str, target: str, delay: float) -> tuple[bool, str, str]:
-    """Run a turn, SIGKILL it ``delay`` seconds after it prints ``phase <target>``; whether
-    it was killed (else it completed), the last phase line it printed, its stderr."""
+@dataclass
+class Killed:
+    at: datetime | None  # None: the turn ended before the kill
+    seen: str  # the last phase line it printed
+    stderr: str
+
+
+def run_and_kill(
+    home: Home, session: str, target: str, delay: float, message: str = "Note, search, note."
+) -> Killed:
+    """Run a turn as the CLI and SIGKILL it at ``target``."""
+    aim, _, what = target.partition(" ")
     with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "turn",
-            session,
-            "Note, search, note.",
-            "--home",
-            str(home.root),
-        ],
+        argv("turn", session, message, "--home", str(home.root)),
         cwd=REPO,
         env=_env(trace=True),
         stdout=subprocess.PIPE,
@@ -251,23 +289,42 @@ def kill_at(home: Home, session: str, target: str, delay: float) -> tuple[bool, 
         text=True,
     ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
+        at: datetime | None = None
         seen = ""
-        killed = False
-        for raw in iter(proc.stdout.readline, ""):
-            line = raw.strip()
-            if line.startswith("phase "):
-                seen = line[len("phase ") :]
-            if seen == target:
-                time.sleep(delay)
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                    killed = True
-                break
+
+        def kill() -> None:
+            nonlocal at
+            if proc.poll() is None:
+                at = datetime.now(UTC)
+                proc.send_signal(signal.SIGKILL)
+
+        if aim == "phase":
+            for raw in iter(proc.stderr.readline, ""):
+                seen = raw.strip()[len("phase ") :] if raw.startswith("phase ") else seen
+                if seen == what:
+                    time.sleep(delay)
+                    kill()
+                    break
+        else:  # watch the store for the n-th entry of a kind
+            kind, _, nth = what.partition(" #")
+            store = SQLiteStore(home.appliance().store, readonly=True)
+            try:
+                start, count = 0, 0
+                while proc.poll() is None and count < int(nth):
+                    for stored in store.entries(session, start):
+                        start = stored.seq + 1
+                        count += parse_head(stored.line).kind == kind
+                    if count < int(nth):
+                        time.sleep(0.0002)
+                kill()
+            finally:
+                store.close()
         proc.wait(timeout=120)
+        proc.stdout.read()
         err = proc.stderr.read()
-        if not killed:
-            proc.stdout.read()
-    return killed and proc.returncode == -signal.SIGKILL, seen, err
+        for line in err.splitlines():
+            seen = line[len("phase ") :] if line.startswith("phase ") else seen
+    return Killed(at if proc.returncode == -signal.SIGKILL else None, seen, err)
 
 
 @pytest.mark.timeout(600)
@@ -288,30 +345,38 @@ def test_a_turn_killed_at_any_point_resumes_without_repeating_anything(rig: Harn
         runs.append(run)
         before = ledger_lines(rig)
         state = open_session(home, PINS, policy=KILL_POLICY)
-        run.session = state.session_id
-        killed, run.seen, err = kill_at(home, state.session_id, target, run.delay_ms / 1000)
-        snapshot = bodies_of(home, state.session_id)  # the record when the client died
-        run.landed = landing(snapshot) if killed else "completed"
-        if not killed and not isinstance(snapshot[-1][1], TurnEnded):
-            run.problems.append(f"the turn neither died nor ended: {err[-600:]}")
-        landed[run.landed] += 1
-        resumed = affidavit("resume", state.session_id, "--home", str(home.root), "--json")
+        sid = run.session = state.session_id
+        killed = run_and_kill(home, sid, target, run.delay_ms / 1000)
+        run.seen = killed.seen
+        # The record as resume finds it (the proxy may still be finishing a call).
+        snapshot = bodies_of(home, sid)
+        if killed.at is None and not isinstance(snapshot[-1][1], TurnEnded):
+            run.problems.append(f"the turn neither died nor ended: {killed.stderr[-600:]}")
+        resumed = affidavit("resume", sid, "--home", str(home.root), "--json")
         if resumed.returncode != 0:
             run.problems.append(
-                f"resume exited {resumed.returncode}: {resumed.stdout[-600:]} {resumed.stderr[-600:]}"
+                f"resume exited {resumed.returncode}: {resumed.stdout[-600:]} "
+                f"{resumed.stderr[-600:]}"
             )
         else:
             run.resume = json.loads(resumed.stdout)
-        doc = show(home, state.session_id)
+        doc = show(home, sid)
         outcome = doc["turns"][-1]["outcome"] if doc["turns"] else "no turn"
         if outcome not in ("ANSWERED", "STEP_LIMIT") or doc["status"] != "idle":
             run.problems.append(f"after resume: turn {outcome}, session {doc['status']}")
-        after = bodies_of(home, state.session_id)
+        after = bodies_of(home, sid)
+        if after[: len(snapshot)] != snapshot:
+            run.problems.append("the record before resume was not kept as it was")
+        if killed.at is None:
+            run.landed = "completed"
+        else:  # the entries appended before the kill, by their own timestamps
+            times = appended_at(home, sid)
+            run.landed = landing([(s, b) for s, b in after if times[s] < killed.at])
+        landed[run.landed] += 1
         run.problems += model_step_problems(after)
         run.problems += tool_problems(after, "append_note", ledger_lines(rig) - before)
-        starts = [b for _, b in after if isinstance(b, TurnStarted)]
-        if len(starts) != 1:
-            run.problems.append(f"{len(starts)} turn.started entries")
+        if sum(isinstance(b, TurnStarted) for _, b in after) != 1:
+            run.problems.append("not exactly one turn.started")
     elapsed = time.monotonic() - started
     histogram = "\n".join(f"  {n:3d}  {where}" for where, n in landed.most_common())
     report = (
@@ -330,7 +395,7 @@ def test_a_turn_killed_at_any_point_resumes_without_repeating_anything(rig: Harn
 def hang_calls(bodies: Sequence[tuple[int, Strict]]) -> list[tuple[int, ToolCall, str, str]]:
     """Every ``hang_once`` call: seq, call, its result's outcome and text."""
     results = {b.call_seq: b for _, b in bodies if isinstance(b, ToolResult)}
-    out = []
+    out: list[tuple[int, ToolCall, str, str]] = []
     for seq, body in bodies:
         if isinstance(body, ToolCall) and body.tool == "hang_once":
             result = results.get(seq)
@@ -342,11 +407,13 @@ def hang_calls(bodies: Sequence[tuple[int, Strict]]) -> list[tuple[int, ToolCall
 def forced_turn(home: Home, message: str) -> tuple[str, subprocess.CompletedProcess[str]]:
     """A live turn whose first step is told to call ``hang_once``. The tool takes an open
     object, so the tiny model's constrained arguments sometimes run past ``max_tokens``
-    and the reply has no call (the turn then just answers): a fresh session is tried then."""
+    and the reply has no call (the turn then just answers): a fresh session is tried then,
+    with the message changed (the prompt is otherwise the same until the clock ticks)."""
     tries = []
-    for _ in range(8):
+    for attempt in range(8):
         sid = open_session(home, PINS, policy=HANG_POLICY).session_id
-        done = affidavit("turn", sid, message, "--home", str(home.root), "--json")
+        text = f"{message} (try {attempt})"
+        done = affidavit("turn", sid, text, "--home", str(home.root), "--json")
         summary = json.loads(done.stdout) if done.stdout.startswith("{") else {}
         if summary.get("steps") and summary["steps"][0]["tool_calls"]:
             return sid, done
@@ -450,7 +517,7 @@ def idempotent_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerR
         }
     }
     home = Home(tmp / "home")
-    with running_appliance(home, mcp_servers=servers):
+    with running_appliance(home, mcp_servers=servers, clock=CLOCK):
         yield LedgerRig(home, ledger)
 
 
@@ -478,21 +545,12 @@ def test_resume_resends_an_idempotent_call_whose_outcome_is_unknown(
     rig = idempotent_rig
     marker = rig.ledger.with_suffix(".hung")
     tries = []
-    for _ in range(8):  # a reply must call it, and the kill beat the harness's own re-send
+    for attempt in range(8):  # a reply must call it, and the kill beat the harness's re-send
         marker.unlink(missing_ok=True)
         state = open_session(rig.home, PINS, policy=HANG_POLICY)
         sid = state.session_id
         with subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "harness.cli",
-                "turn",
-                sid,
-                "Do it.",
-                "--home",
-                str(rig.home.root),
-            ],
+            argv("turn", sid, f"Do it. (try {attempt})", "--home", str(rig.home.root)),
             cwd=REPO,
             env=_env(),
             stdout=subprocess.DEVNULL,
@@ -505,6 +563,7 @@ def test_resume_resends_an_idempotent_call_whose_outcome_is_unknown(
         calls = hang_calls(bodies_of(rig.home, sid))
         tries.append([(c.call_id, outcome) for _, c, outcome, _ in calls])
         if len(calls) == 1:
+            print(f"hang_once calls recorded per try: {tries}")
             break
     else:
         pytest.fail(f"no try left one unanswered hang_once call: {tries}")
@@ -521,3 +580,63 @@ def test_resume_resends_an_idempotent_call_whose_outcome_is_unknown(
     ]
     assert decided(bodies) == []
     assert model_step_problems(bodies) == []
+
+
+# -- a step that failed once, then committed on resume --------------------------------------
+
+
+def test_a_second_resume_serves_a_step_that_failed_once_and_then_committed(
+    rig: HarnessRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 0 fails once at the engine (recorded ``FAILED``) and the client dies before it
+    can end the turn; resume sends step 0 again (it was never committed), which commits and
+    asks for ``hang_once``, whose outcome is unknown: the turn waits. ``resume --decide skip``
+    must serve step 0 from its committed reply, not send it a third time (nor call a tool
+    again under a new id)."""
+    from inference.protocol import ApiError
+
+    engine = rig.up.engine
+    prepare = engine.prepare
+    failing = {"left": 0}
+
+    def flaky(body: bytes, headers: Any) -> Any:
+        if failing["left"] > 0:
+            failing["left"] -= 1
+            raise ApiError("planted: the engine is busy", status=503, code="busy")
+        return prepare(body, headers)
+
+    monkeypatch.setattr(engine, "prepare", flaky)
+    marker = rig.ledger.with_suffix(".hung")
+    tries = []
+    for attempt in range(8):
+        marker.unlink(missing_ok=True)
+        failing["left"] = 1
+        sid = open_session(rig.home, PINS, policy=HANG_POLICY).session_id
+        # The kill must land between the failed reply and turn.ended (a few ms) …
+        killed = run_and_kill(rig.home, sid, "record model.response #1", 0, f"Try {attempt}.")
+        kinds = [body_kind(b) for _, b in bodies_of(rig.home, sid)]
+        if killed.at is None or "turn.ended" in kinds:
+            tries.append(f"the kill came late: {kinds[2:]}")
+            continue
+        # … and step 0 sent again must ask for hang_once (the tiny model may run out of tokens).
+        first = affidavit("resume", sid, "--home", str(rig.home.root), "--json")
+        summary = json.loads(first.stdout) if first.stdout.startswith("{") else {}
+        if summary.get("outcome") == "NEEDS_DECISION":
+            break
+        tries.append(f"resume: {summary.get('outcome')} {summary.get('detail')}")
+    else:
+        pytest.fail(f"no try set the scene: {tries}")
+    assert summary["resume"]["model_steps_live"] == 1, summary
+    assert [r.outcome for _, r in bodies_of(rig.home, sid) if isinstance(r, ModelResponse)] == [
+        "FAILED",
+        "COMMITTED",
+    ]
+    done = affidavit("resume", sid, "--decide", "skip", "--home", str(rig.home.root), "--json")
+    bodies = bodies_of(rig.home, sid)
+    replies = {r.request_seq: r.outcome for _, r in bodies if isinstance(r, ModelResponse)}
+    asked = [(b.step, replies.get(s)) for s, b in bodies if isinstance(b, ModelRequest)]
+    assert model_step_problems(bodies, once=False) == [], (asked, done.stdout, done.stderr)
+    assert asked == [(0, "FAILED"), (0, "COMMITTED"), (1, "COMMITTED")]
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["resume"]["model_steps_from_record"] == 1
+    assert len(hang_calls(bodies)) == 1
