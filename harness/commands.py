@@ -341,7 +341,7 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOption = False,
     ) -> None:
         """Complete a session's interrupted turn without repeating a committed step."""
-        from harness.resume import resume_session
+        from harness.resume import NotWaiting, resume_session
         from harness.session import summary_json, user_key
         from harness.state import HomeMissing
 
@@ -359,6 +359,9 @@ def register(app: typer.Typer) -> None:
             )
         except HomeMissing as exc:
             raise _missing(exc) from None
+        except NotWaiting as exc:
+            _err(f"affidavit: error: {exc}")
+            raise typer.Exit(2) from None
         if outcome.result is None:
             if as_json:
                 print(json.dumps({"turn": None, "detail": "nothing to resume"}))

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_demo"]
+__all__ = ["ChangingWeb", "run_demo"]
 
 QUESTION = "Search the web for the demo page twice and tell me what it says."
 PINS: dict[str, Any] = {
@@ -36,11 +36,13 @@ PINS: dict[str, Any] = {
 _ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "jinja2")
 
 
-class _ChangingPage:
-    """The demo's web: every GET answers with a page saying how many came before it."""
+class ChangingWeb:
+    """A stand-in for the web whose page changes on every GET: it says how many came before
+    (``template`` gets ``n`` and the request's ``path``), so a live re-run differs."""
 
-    def __init__(self) -> None:
-        self.served = 0
+    def __init__(self, template: str = "page version {n} of {path}") -> None:
+        self.template = template
+        self.fetches = 0
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -49,11 +51,14 @@ class _ChangingPage:
                 await send({"type": message["type"] + ".complete"})
                 if message["type"] == "lifespan.shutdown":
                     return
-        self.served += 1
-        body = f"Demo page, version {self.served}: served on 127.0.0.1, nothing left this machine."
+        n, self.fetches = self.fetches, self.fetches + 1
+        body = self.template.format(n=n, path=scope["path"]).encode()
         headers = [(b"content-type", b"text/plain; charset=utf-8")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body.encode()})
+        await send({"type": "http.response.body", "body": body})
+
+
+PAGE = "Demo page, version {n}: served on 127.0.0.1, nothing left this machine."
 
 
 def run_demo(workdir: Path | None = None, report: Path | None = None) -> int:
@@ -98,7 +103,7 @@ def _demo(home_dir: Path, report_path: Path) -> int:
 
     started = time.monotonic()
     home = Home(home_dir)
-    web = _ChangingPage()
+    web = ChangingWeb(PAGE)
     _say("affidavit demo: a pinned agent turn through the egress proxy, recorded, then")
     _say(f"reconstructed and re-executed from the record. State in {home.root}\n")
     search = {"type": "function", "function": {"name": "web_search"}}
@@ -121,7 +126,7 @@ def _demo(home_dir: Path, report_path: Path) -> int:
         calls = sum(len(s.completion.tool_calls) for s in result.steps)
         _say(
             f"  → {result.outcome} after {len(result.steps)} steps, {calls} tool calls; "
-            f"the web served {web.served} pages\n"
+            f"the web served {web.fetches} pages\n"
         )
         if result.outcome != "ANSWERED" or calls < 2:
             _say(f"demo FAILED: the turn ended {result.outcome} with {calls} tool calls")
@@ -138,12 +143,12 @@ def _demo(home_dir: Path, report_path: Path) -> int:
         )
         if rebuilt.difference is not None:
             _say(f"  FAILED at step {rebuilt.difference.step}: {rebuilt.difference.what}")
-        served_before = web.served
+        served_before = web.fetches
         _say("\nRe-execute (the pinned engine, the recorded clock, tool results from the record)")
         replayed = reexecute_turn(home, stream, 0, key=key, on_step=lambda v: _say(v.line()))
         _say(replayed.summary())
-        _say(f"  the web served {web.served - served_before} pages during the replay")
-    ok = rebuilt.ok and replayed.identical and web.served == served_before
+        _say(f"  the web served {web.fetches - served_before} pages during the replay")
+    ok = rebuilt.ok and replayed.identical and web.fetches == served_before
     doc = {
         "store": a.store,
         "stream": stream,

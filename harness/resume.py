@@ -57,9 +57,13 @@ from record.schema import (
 )
 from record.seal import KeyPair
 
-__all__ = ["ResumeOutcome", "decide", "resume_session"]
+__all__ = ["NotWaiting", "ResumeOutcome", "decide", "resume_session"]
 
 Decision = Literal["retry", "skip", "abort"]
+
+
+class NotWaiting(ValueError):
+    """``--decide`` for a session that waits for no decision (a usage error)."""
 
 
 @dataclass
@@ -214,7 +218,7 @@ def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | No
     """Record a person's decision on the call a ``needs_decision`` turn waits on; its seq."""
     state = home.session(session_id)
     if state.status != "needs_decision" or not state.pending:
-        raise HomeMissing(f"session {session_id} is not waiting for a decision")
+        raise NotWaiting(f"session {session_id} is not waiting for a decision")
     appliance = home.appliance()
     opener = key or user_key(home)
     bodies = wait_settled(appliance.store, session_id, opener, timeout=5)
@@ -265,11 +269,9 @@ def resume_session(
         return ResumeOutcome(None, None)
     turn = states[-1].turn
     if decision == "abort":
-        from harness.agent import TurnResult as _Result
-
-        result = _Result(turn, "STOPPED", "", [], "aborted by a person's decision")
+        result = TurnResult(turn, "STOPPED", "", [], "aborted by a person's decision")
         return ResumeOutcome(turn, finish_turn(home, state, result))
-    text, past, labels, _, _, _ = turn_setup(bodies, turn)
+    text, past, labels, catalogue, _, _ = turn_setup(bodies, turn)
     sliced = turn_bodies(bodies, turn)
     # Only committed model calls are served: a step sent again after a FAILED or UNKNOWN
     # reply has two requests in the record, and the plan must not be shifted by the first.
@@ -285,17 +287,9 @@ def resume_session(
         max_retries=0,
         http_client=httpx2.Client(transport=transport, timeout=600),
     )
-    first = next(
-        (b for _, b in sliced if isinstance(b, ModelRequest) and b.request_bytes), None
-    )  # the catalogue the turn offered, whatever became of that request
-    if first is not None:
-        from harness.tools import catalogue_from_request
-
-        idempotent = {
-            f"{b.server}__{b.tool}": b.idempotent for _, b in sliced if isinstance(b, ToolCall)
-        }
-        catalogue = catalogue_from_request(json.loads(first.input_bytes), idempotent)
-    else:  # nothing was asked yet: today's catalogue
+    # The catalogue the turn's first request offered, whatever became of that request; if
+    # nothing was asked yet, today's.
+    if not any(isinstance(b, ModelRequest) and b.request_bytes for _, b in sliced):
         catalogue = live_tools.catalogue(appliance.mcp_servers)
     state.status = "running"
     home.save_session(state)

@@ -5,7 +5,6 @@ both stdio, and a remote streamable-HTTP one (``remote``, with a bearer token)."
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.demo import ChangingWeb
 from harness.state import Home
 from harness.up import RunningAppliance, _serve, running_appliance
 from tests.egress_proxy.tool_rig import REMOTE_TOKEN
@@ -26,28 +26,6 @@ PINS = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 200, "stric
 
 def named(tool: str) -> dict[str, Any]:
     return {"type": "function", "function": {"name": tool}}
-
-
-class ChangingWeb:
-    """Every GET gets a page that says how many fetches came before it."""
-
-    def __init__(self) -> None:
-        self.count = itertools.count()
-        self.fetches = 0
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        n = next(self.count)
-        self.fetches = n + 1
-        body = f"page version {n} of {scope['path']}".encode()
-        headers = [(b"content-type", b"text/plain")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
 
 
 @dataclass

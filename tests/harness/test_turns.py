@@ -310,3 +310,16 @@ def test_an_armed_session_answers_fetches_from_the_plan_and_refuses_the_rest(
     assert base64.b64decode(answer["body"]).startswith(b"page version 0 ")
     assert missed.status_code == 409 and missed.json()["error"]["code"] == "replay_miss"
     assert rig.web.fetches == before  # neither reached the web
+
+
+def test_resume_of_an_ended_turn_does_nothing_and_a_decision_nobody_waits_for_is_refused(
+    recorded: Recorded, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = str(recorded.rig.home.root)
+    before = len(read_bodies(recorded.store, recorded.session, recorded.key))
+    assert main(["resume", recorded.session, "--home", home, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["detail"] == "nothing to resume"
+    assert main(["resume", recorded.session, "--home", home, "--decide", "skip"]) == 2
+    assert "not waiting for a decision" in capsys.readouterr().err
+    assert main(["resume", recorded.session, "--home", home, "--decide", "maybe"]) == 2
+    assert len(read_bodies(recorded.store, recorded.session, recorded.key)) == before

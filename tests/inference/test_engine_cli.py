@@ -43,10 +43,12 @@ def test_cli_registers_engine_make_model(monkeypatch: pytest.MonkeyPatch) -> Non
     seen: list[Any] = []
     monkeypatch.setattr(inference.cli, "run_make_model", lambda args: seen.append(args) or 0)
     assert main(["engine", "make-model", "some/dir"]) == 0
-    assert [vars(args) for args in seen] == [{"dir": "some/dir"}]
+    assert [vars(args) for args in seen] == [{"dir": "some/dir", "json": False}]
+    assert main(["engine", "make-model", "other/dir", "--json"]) == 0
+    assert vars(seen[-1]) == {"dir": "other/dir", "json": True}
     assert main(["engine", "make-model"]) == 2  # DIR is required
     assert main(["engine", "make-model", "a", "b"]) == 2
-    assert len(seen) == 1
+    assert len(seen) == 2  # the usage errors never reached the command
 
 
 def test_register_adds_engine_and_probe_to_any_typer_app(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -677,3 +677,24 @@ def test_run_and_report_error() -> None:
 
     assert record_cli.run(missing) == 3
     assert record_cli.report_error(ValueError("not ours")) is None
+
+
+def test_json_of_keys_new_and_the_log_commands_that_print_facts(
+    recorded: Recorded, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = recorded.dir / "new.key"
+    assert main(["keys", "new", "--out", str(out), "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made == {"key_file": str(out), "public_key": KeyPair.read(out).recipient.text()}
+    store = str(recorded.store)
+    assert main(["log", "key", "--store", store, "--json"]) == 0
+    log_key = json.loads(capsys.readouterr().out)["log_key"]
+    assert log_key.startswith("affidavit-log+")
+    assert main(["log", "checkpoint", SESSION, "--store", store, "--json"]) == 0
+    signed = json.loads(capsys.readouterr().out)
+    assert signed["stream"] == SESSION and signed["note"].split("\n")[1] == str(signed["size"])
+    bundle = recorded.dir / "bundle"
+    assert main(["log", "export", SESSION, "--store", store, "--out", str(bundle), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["stream"] == SESSION and exported["bundle"] == str(bundle)
+    assert exported["entries"] == signed["size"]
