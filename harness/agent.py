@@ -14,15 +14,13 @@ Steps are numbered from 0 and sent to the proxy in ``x-affidavit-turn``/``x-affi
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from harness.prompt import assistant_message, opening_messages, tool_message
+from harness.model_api import ApiError, Completion, ModelApi
+from harness.prompt import opening_messages
 from harness.tools import ReplayMissed, Toolbox, ToolCallFailed, ToolOutput, ToolSpec
-
-if TYPE_CHECKING:
-    import openai
 
 __all__ = [
     "Agent",
@@ -61,16 +59,6 @@ class TurnPolicy:
             return cls()
         data = json.loads(text)
         return cls(int(data.get("max_steps", 8)), tuple(data.get("tool_choice", ())))
-
-
-@dataclass
-class Completion:
-    """One streamed reply as the SDK delivered it, with the proxy's annotation."""
-
-    content: str
-    tool_calls: list[tuple[str, str, str]]  # (id, function name, arguments JSON)
-    finish_reason: str | None
-    annotation: dict[str, Any] | None
 
 
 @dataclass
@@ -115,7 +103,7 @@ def _no_phase(_: str) -> None:
 
 @dataclass
 class Agent:
-    client: openai.OpenAI
+    api: ModelApi  # the SDK the provider speaks (``harness.model_api``)
     model: str
     tools: Toolbox
     catalogue: Sequence[ToolSpec]
@@ -152,8 +140,8 @@ class Agent:
                     cut = f"step {step}: max_tokens cut the reply before its tool call was whole"
                     return TurnResult(turn, "FAILED", content, steps, cut)
                 return TurnResult(turn, "ANSWERED", content, steps)
-            messages.append(assistant_message(done.content, done.tool_calls))
             reply_seq = int((done.annotation or {})["seq"])
+            results: list[tuple[str, ToolOutput]] = []
             for index, (call_id, name, arguments) in enumerate(done.tool_calls):
                 self.on_phase(f"tool_call step={step} call={index}")
                 try:
@@ -165,29 +153,20 @@ class Agent:
                     return TurnResult(turn, "STOPPED", content, steps, str(exc))
                 record.tool_outputs.append(output)
                 self.on_phase(f"tool_done step={step} call={index}")
-                messages.append(tool_message(call_id, output))
+                results.append((call_id, output))
+            messages += self.api.reply_messages(done, results)
         return TurnResult(turn, "STEP_LIMIT", content, steps, f"{self.policy.max_steps} steps")
 
     # -- one model step --------------------------------------------------------------------
 
     def _complete(self, turn: int, step: int, messages: list[dict[str, Any]]) -> Completion:
-        import openai
-
-        extra: dict[str, Any] = {}
-        if self.catalogue:
-            extra["tools"] = [spec.function() for spec in self.catalogue]
-            extra["tool_choice"] = self.policy.choice(step)
+        headers = {"x-affidavit-turn": str(turn), "x-affidavit-step": str(step)}
         try:
-            chunks = self.client.chat.completions.create(
-                model=self.model,
-                messages=messages,  # type: ignore[arg-type]
-                stream=True,
-                extra_headers={"x-affidavit-turn": str(turn), "x-affidavit-step": str(step)},
-                **extra,
+            done = self.api.complete(
+                self.model, messages, self.catalogue, self.policy.choice(step), headers
             )
-            done = _collect(chunks)
-        except openai.APIError as exc:
-            raise StepFailed(f"{type(exc).__name__}: {exc}") from exc
+        except ApiError as exc:
+            raise StepFailed(str(exc)) from exc
         note = done.annotation
         if (
             note is None
@@ -227,30 +206,3 @@ class Agent:
             return self.tools.call(spec, data, reply_seq=reply_seq, call_id=call_id)
         except ToolCallFailed as exc:
             raise NeedsDecision(f"{name}: no outcome after a retry", {"reason": str(exc)}) from exc
-
-
-def _collect(chunks: Any) -> Completion:
-    content: list[str] = []
-    calls: dict[int, list[str]] = {}
-    finish: str | None = None
-    annotation: dict[str, Any] | None = None
-    for chunk in chunks:
-        extra: Mapping[str, Any] = chunk.model_extra or {}
-        if isinstance(extra.get("affidavit"), dict):
-            annotation = extra["affidavit"]
-        for choice in chunk.choices:
-            finish = choice.finish_reason or finish
-            if choice.delta.content:
-                content.append(choice.delta.content)
-            for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, ["", "", ""])
-                call[0] += delta.id or ""
-                if delta.function is not None:
-                    call[1] += delta.function.name or ""
-                    call[2] += delta.function.arguments or ""
-    return Completion(
-        "".join(content),
-        [(c[0], c[1], c[2]) for _, c in sorted(calls.items())],
-        finish,
-        annotation,
-    )

@@ -91,17 +91,48 @@ def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
         home: HomeOption = None,
-        model: Annotated[
-            Path | None, typer.Option(help="a model folder (default: the shipped tiny model)")
+        model_dir: Annotated[
+            Path | None,
+            typer.Option(
+                help="the embedded engine's model folder (default: the shipped tiny model)"
+            ),
+        ] = None,
+        provider_url: Annotated[
+            str | None,
+            typer.Option(help="a provider's base URL behind the proxy instead of the engine"),
+        ] = None,
+        provider_api: Annotated[
+            str, typer.Option(help="the provider's API: openai or anthropic")
+        ] = "openai",
+        api_key_env: Annotated[
+            str | None,
+            typer.Option(help="the environment variable holding the provider's API key"),
+        ] = None,
+        model_name: Annotated[
+            str | None, typer.Option(help="the provider's model (with --provider-url)")
         ] = None,
         search_url: Annotated[
             str | None, typer.Option(help="web_search's endpoint, {query} replaced")
         ] = None,
     ) -> None:
-        """Run the appliance here (engine, proxy, control plane) until interrupted."""
-        from harness.up import serve_forever
+        """Run the appliance here (engine or provider, proxy, control plane) until interrupted."""
+        from harness.up import MODEL, serve_forever
 
-        raise typer.Exit(serve_forever(_home(home), model_dir=model, search_url=search_url))
+        if provider_api not in ("openai", "anthropic"):
+            raise typer.BadParameter(
+                f"{provider_api!r}: openai or anthropic", param_hint="--provider-api"
+            )
+        if (provider_url is None) != (model_name is None):
+            raise typer.BadParameter(
+                "give --provider-url and --model-name together", param_hint="--provider-url"
+            )
+        options: dict[str, Any] = {"model_dir": model_dir, "search_url": search_url}
+        if provider_url is not None:
+            provider: dict[str, Any] = {"api": provider_api, "base_url": provider_url}
+            if api_key_env:
+                provider["api_key_env"] = api_key_env
+            options.update(provider=provider, model=model_name or MODEL)
+        raise typer.Exit(serve_forever(_home(home), **options))
 
     @session_app.command("new")
     def session_new(

@@ -27,7 +27,16 @@ from typing import Any
 import httpx2
 
 from harness.agent import Agent, TurnPolicy
-from harness.session import LABEL_MODEL, LABEL_POLICY, LABEL_SEARCH, history, labels_of, read_bodies
+from harness.model_api import model_api
+from harness.session import (
+    LABEL_API,
+    LABEL_MODEL,
+    LABEL_POLICY,
+    LABEL_SEARCH,
+    history,
+    labels_of,
+    read_bodies,
+)
 from harness.tools import (
     ReplayMissed,
     ToolCallFailed,
@@ -169,8 +178,6 @@ def turn_setup(
 
 def reconstruct_turn(store: Path | str, stream: str, turn: int, key: KeyPair) -> ReconstructReport:
     """Reconstruct turn ``turn`` of ``stream``; the report says where it differed, if it did."""
-    import openai
-
     from egress_proxy.replay import reconstruct_pipeline
 
     bodies = read_bodies(store, stream, key)
@@ -183,18 +190,18 @@ def reconstruct_turn(store: Path | str, stream: str, turn: int, key: KeyPair) ->
     pipeline = reconstruct_pipeline(store, stream, key, turn, bodies=bodies, annotated=True)
     transport = _PipelineTransport(pipeline)
     toolbox = RecordToolbox(pipeline, labels.get(LABEL_SEARCH))
-    client = openai.OpenAI(
-        base_url=f"http://reconstruct.invalid/s/{stream}/v1",
-        api_key="reconstruct",
-        max_retries=0,
+    api = model_api(
+        labels.get(LABEL_API, "openai"),
+        f"http://reconstruct.invalid/s/{stream}",
+        "reconstruct",
         http_client=httpx2.Client(transport=transport),
     )
     policy = TurnPolicy.from_json(labels.get(LABEL_POLICY))
-    agent = Agent(client, labels.get(LABEL_MODEL, ""), toolbox, catalogue, policy)
+    agent = Agent(api, labels.get(LABEL_MODEL, ""), toolbox, catalogue, policy)
     try:
         result = agent.run_turn(turn, past, text)
     finally:
-        client.close()
+        api.close()
         transport.close()
     report = ReconstructReport(stream, turn, False)
     for index, (seq, key_) in enumerate(transport.served):

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.agent import Agent, Completion, TurnPolicy, TurnStop
+from harness.model_api import model_api
 from harness.reconstruct import turn_setup
 from harness.session import (
+    LABEL_API,
     LABEL_MODEL,
     LABEL_POLICY,
     append_event,
@@ -165,8 +167,6 @@ def reexecute_turn(
     """Re-execute turn ``turn`` of ``stream`` through the running appliance. ``on_step`` gets
     each step's verdict once its tools have run; ``pins_override`` replaces the recorded pins
     (a negative control: its verdicts say what the pins change)."""
-    import openai
-
     appliance = home.appliance()
     bodies = read_bodies(appliance.store, stream, key)
     text, past, labels, catalogue, _, _ = turn_setup(bodies, turn)
@@ -178,6 +178,7 @@ def reexecute_turn(
             {
                 LABEL_REPLAYS: stream,
                 LABEL_REPLAYS_TURN: str(turn),
+                LABEL_API: labels.get(LABEL_API, appliance.api),
                 LABEL_MODEL: labels.get(LABEL_MODEL, appliance.model),
                 LABEL_POLICY: labels.get(LABEL_POLICY, TurnPolicy().to_json()),
             },
@@ -198,9 +199,7 @@ def reexecute_turn(
     toolbox = ProxyToolbox(
         state.base_url, state.token, search_url=labels.get("affidavit/search_url")
     )
-    model_client = openai.OpenAI(
-        base_url=state.base_url + "/v1", api_key=state.token, max_retries=0, timeout=600
-    )
+    api = model_api(labels.get(LABEL_API, appliance.api), state.base_url, state.token)
     pending: list[StepVerdict] = []
 
     def judged(step: int, done: Completion) -> None:
@@ -235,7 +234,7 @@ def reexecute_turn(
             report.verdicts[-1].tools_replayed += 1  # served by the proxy from the plan
 
     agent = Agent(
-        model_client,
+        api,
         labels.get(LABEL_MODEL, appliance.model),
         toolbox,
         catalogue,
@@ -247,7 +246,7 @@ def reexecute_turn(
         result = agent.run_turn(turn, past, text)
     finally:
         toolbox.close()
-        model_client.close()
+        api.close()
     flush()
     report.outcome = result.outcome
     if result.outcome == "STOPPED" or result.outcome == "FAILED":

@@ -24,8 +24,10 @@ from typing import Any, Literal
 import httpx2
 
 from harness.agent import Agent, NeedsDecision, TurnPolicy, TurnResult
+from harness.model_api import model_api
 from harness.reconstruct import turn_setup
 from harness.session import (
+    LABEL_API,
     LABEL_MODEL,
     LABEL_POLICY,
     append_event,
@@ -248,8 +250,6 @@ def resume_session(
     settle_timeout: float = 120.0,
 ) -> ResumeOutcome:
     """Complete the session's interrupted turn (``decision`` settles a waiting call first)."""
-    import openai
-
     from egress_proxy.replay import reconstruct_pipeline
     from egress_proxy.replay_plan import turn_bodies
 
@@ -281,10 +281,10 @@ def resume_session(
     transport = _ResumeTransport(pipeline, state.base_url, state.token)
     live_tools = ProxyToolbox(state.base_url, state.token, search_url=appliance.search_url)
     toolbox = _ResumeToolbox(live_tools, sliced, appliance.search_url)
-    client = openai.OpenAI(
-        base_url=state.base_url + "/v1",
-        api_key=state.token,
-        max_retries=0,
+    api = model_api(
+        labels.get(LABEL_API, appliance.api),
+        state.base_url,
+        state.token,
         http_client=httpx2.Client(transport=transport, timeout=600),
     )
     # The catalogue the turn's first request offered, whatever became of that request; if
@@ -294,7 +294,7 @@ def resume_session(
     state.status = "running"
     home.save_session(state)
     agent = Agent(
-        client,
+        api,
         labels.get(LABEL_MODEL, appliance.model),
         toolbox,
         catalogue,
@@ -304,7 +304,7 @@ def resume_session(
     try:
         result = agent.run_turn(turn, past, text)
     finally:
-        client.close()
+        api.close()
         transport.close()
         live_tools.close()
     keep_annotation_checkpoints(home, session_id, result)

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from harness.agent import Agent, TurnPolicy, TurnResult
+from harness.model_api import model_api
 from harness.state import Appliance, Home, HomeMissing, SessionState
 from harness.tools import ProxyToolbox, ToolSpec
 from record.digest import Domain, digest
@@ -40,6 +41,7 @@ from record.schema import (
 from record.seal import KeyPair, RecipientKey
 
 __all__ = [
+    "LABEL_API",
     "LABEL_MODEL",
     "LABEL_POLICY",
     "LABEL_SEARCH",
@@ -54,6 +56,7 @@ __all__ = [
     "wait_settled",
 ]
 
+LABEL_API = "affidavit/api"  # the model API the session speaks: openai or anthropic
 LABEL_MODEL = "affidavit/model"
 LABEL_POLICY = "affidavit/policy"
 LABEL_SEARCH = "affidavit/search_url"
@@ -91,7 +94,11 @@ def open_session(
     appliance = home.appliance()
     key = user_key(home)
     every = [key.recipient, *[r for r in recipients if r.text() != key.recipient.text()]]
-    all_labels = {LABEL_MODEL: appliance.model, LABEL_POLICY: (policy or TurnPolicy()).to_json()}
+    all_labels = {
+        LABEL_API: appliance.api,
+        LABEL_MODEL: appliance.model,
+        LABEL_POLICY: (policy or TurnPolicy()).to_json(),
+    }
     if appliance.search_url:
         all_labels[LABEL_SEARCH] = appliance.search_url
     all_labels.update(labels or {})
@@ -223,16 +230,12 @@ def wait_settled(
 def live_agent(
     home: Home, state: SessionState, appliance: Appliance, *, on_phase: Callable[[str], None]
 ) -> tuple[Agent, ProxyToolbox]:
-    import openai
-
     toolbox = ProxyToolbox(state.base_url, state.token, search_url=appliance.search_url)
     catalogue: list[ToolSpec] = toolbox.catalogue(appliance.mcp_servers)
-    client = openai.OpenAI(
-        base_url=state.base_url + "/v1", api_key=state.token, max_retries=0, timeout=600
-    )
+    api = model_api(state.labels.get(LABEL_API, appliance.api), state.base_url, state.token)
     policy = TurnPolicy.from_json(state.labels.get(LABEL_POLICY))
     model = state.labels.get(LABEL_MODEL, appliance.model)
-    agent = Agent(client, model, toolbox, catalogue, policy, on_phase=on_phase)
+    agent = Agent(api, model, toolbox, catalogue, policy, on_phase=on_phase)
     return agent, toolbox
 
 
@@ -275,6 +278,7 @@ def run_turn(
         result = agent.run_turn(turn, history(bodies, turn), text)
     finally:
         toolbox.close()
+        agent.api.close()
     keep_annotation_checkpoints(home, session_id, result)
     return finish_turn(home, state, result)
 

@@ -40,6 +40,7 @@ class Appliance(BaseModel):
     control_socket: str
     store: str
     model: str
+    api: Literal["openai", "anthropic"] = "openai"  # the model API its provider speaks
     engine_url: str | None = None
     search_url: str | None = None  # web_search's endpoint, ``{query}`` replaced (through fetch)
     mcp_servers: dict[str, list[str]] = {}  # server -> its idempotent tools

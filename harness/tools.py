@@ -183,7 +183,12 @@ def catalogue_from_request(
     turn saw (MCP ``tools/list`` answers are not recorded; the request that used them is)."""
     specs = []
     for item in request.get("tools") or []:
-        function = item.get("function", {}) if isinstance(item, dict) else {}
+        if not isinstance(item, dict):
+            continue
+        if "function" in item:  # OpenAI: {"type": "function", "function": {…, "parameters"}}
+            function = item["function"] if isinstance(item["function"], dict) else {}
+        else:  # Anthropic: {"name", "description", "input_schema"}
+            function = {**item, "parameters": item.get("input_schema")}
         name = str(function.get("name", ""))
         builtin = BUILTIN.get(name)
         if builtin is not None:

@@ -33,7 +33,7 @@ MODEL = "affidavit-tiny"
 class RunningAppliance:
     home: Home
     appliance: Appliance
-    engine: Any  # inference.server.Engine
+    engine: Any  # inference.server.Engine (None: another provider is behind the proxy)
     proxy: Any  # egress_proxy.server.ProxyServer
     log: Any  # record.log.Log
 
@@ -48,23 +48,29 @@ def running_appliance(
     env: Mapping[str, str] | None = None,
     progress: Any = None,
     clock: str | None = None,
+    provider: Mapping[str, Any] | None = None,
+    model: str = MODEL,
 ) -> Iterator[RunningAppliance]:
     """Engine, proxy and control plane, running until the block ends. ``clock`` fixes the
-    instant the proxy injects (tests: the tiny model's output then depends on nothing else)."""
-    import torch
-
+    instant the proxy injects (tests: the tiny model's output then depends on nothing else).
+    ``provider`` (a proxy provider table: ``api``, ``base_url``, ``api_key_env`` …) puts that
+    provider behind the proxy instead of the embedded engine's, which then is not started
+    (``model`` names the provider's model)."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
-    from inference.make_model import make_model
-    from inference.server import Engine, create_app
     from record.log import Log
     from record.seal import KeyPair
 
     say = progress or (lambda _: None)
-    torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
     home.root.mkdir(parents=True, exist_ok=True)
-    if model_dir is None:
+    if provider is None:
+        import torch
+
+        from inference.make_model import make_model
+
+        torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
+    if model_dir is None and provider is None:
         model_dir = home.root / "model"
         if not (model_dir / "config.json").is_file():
             say("making the shipped tiny model")
@@ -74,18 +80,24 @@ def running_appliance(
         KeyPair.generate().write(key_file)
     appliance_key = KeyPair.read(key_file)
     with ExitStack() as stack:
-        say("starting the engine")
-        engine = Engine(model_dir, model_name=MODEL).start()
-        stack.callback(engine.close)
-        engine_url = stack.enter_context(_serve(create_app(engine)))
+        engine, engine_url = None, None
+        if provider is None:
+            from inference.server import Engine, create_app
+
+            assert model_dir is not None
+            say("starting the engine")
+            engine = Engine(model_dir, model_name=MODEL).start()
+            stack.callback(engine.close)
+            engine_url = stack.enter_context(_serve(create_app(engine)))
+            provider = {"api": "openai", "base_url": engine_url, "engine_extensions": True}
+        api = str(provider["api"])
+        route = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         servers = {name: dict(cfg) for name, cfg in (mcp_servers or {}).items()}
         config = parse_config(
             {
                 "listen": {"host": "127.0.0.1", "port": 0},
-                "providers": {
-                    "engine": {"api": "openai", "base_url": engine_url, "engine_extensions": True}
-                },
-                "mounts": {"/v1/chat/completions": "engine"},
+                "providers": {"model": dict(provider)},
+                "mounts": {route: "model"},
                 "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
                 **({"mcp_servers": servers} if servers else {}),
             }
@@ -101,7 +113,8 @@ def running_appliance(
             proxy_url=proxy.url,
             control_socket=str(socket_path),
             store=str(store),
-            model=MODEL,
+            model=model,
+            api="anthropic" if api == "anthropic" else "openai",
             engine_url=engine_url,
             search_url=search_url,
             mcp_servers={

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 import typer
 
-import harness.agent
 import harness.cli
+import harness.prompt
 from harness import diverge as diverge_module
 from harness.agent import TurnPolicy
 from harness.diverge import (
@@ -205,7 +205,7 @@ def test_a_reconstruction_failure_exits_1_and_sends_one_page(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(harness.agent, "tool_message", _render_differently)
+    monkeypatch.setattr(harness.prompt, "tool_message", _render_differently)
     recorded.receiver.pages.clear()
     code, out, err = _run(
         cli,
@@ -240,7 +240,7 @@ def test_a_page_that_cannot_be_sent_is_a_problem(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(harness.agent, "tool_message", _render_differently)
+    monkeypatch.setattr(harness.prompt, "tool_message", _render_differently)
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{closed.getsockname()[1]}/page"  # bound, not listening

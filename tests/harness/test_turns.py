@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the harness tests run the embedded engine (`engine` extra)")
 
-from harness import agent as agent_module
+from harness import prompt as prompt_module
 from harness.agent import TurnPolicy
 from harness.cli import main
 from harness.reconstruct import reconstruct_turn
@@ -145,14 +145,14 @@ def test_reconstruct_runs_under_unshare_n_from_the_cli(recorded: Recorded, tmp_p
 def test_a_planted_change_in_prompt_building_fails_reconstruct_at_step_1(
     recorded: Recorded, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = agent_module.tool_message
+    real = prompt_module.tool_message
 
     def planted(call_id: str, output: Any) -> dict[str, Any]:
         message = real(call_id, output)
         message["content"] = message["content"] + " "  # one byte more
         return message
 
-    monkeypatch.setattr(agent_module, "tool_message", planted)
+    monkeypatch.setattr(prompt_module, "tool_message", planted)
     report = reconstruct_turn(recorded.store, recorded.session, 0, recorded.key)
     assert not report.ok
     difference = report.difference
