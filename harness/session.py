@@ -264,6 +264,10 @@ def run_turn(
             f"affidavit resume {session_id}"
         )
     turn = len(states)
+    try:  # the tools first: a turn that cannot start leaves no turn.started behind
+        agent, toolbox = live_agent(home, state, appliance, on_phase=phase)
+    except Exception as exc:
+        raise HomeMissing(f"the proxy could not list the session's tools: {exc}") from exc
     data = text.encode("utf-8", "surrogateescape")
     append_event(
         home,
@@ -273,7 +277,6 @@ def run_turn(
     phase(f"turn_started turn={turn}")
     state.status = "running"
     home.save_session(state)
-    agent, toolbox = live_agent(home, state, appliance, on_phase=phase)
     try:
         result = agent.run_turn(turn, history(bodies, turn), text)
     finally:
