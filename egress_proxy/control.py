@@ -181,6 +181,20 @@ class ControlServicer:
             live_calls=summary["live_calls"],
         )
 
+    def archive_evidence(self, request: pb.ArchiveEvidenceRequest) -> pb.ArchiveEvidenceResponse:
+        if not self.log.store.size(request.stream):
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no stream {request.stream!r}")
+        try:
+            appended = self.log.archive_evidence(
+                request.stream, request.evidence_kind, request.name, request.data
+            )
+        except (ValueError, SchemaError) as exc:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        session = self.registry.get(request.stream)
+        if session is not None:
+            session.noted(appended)
+        return pb.ArchiveEvidenceResponse(seq=appended.seq, occurred_at=appended.occurred_at)
+
     def stream_entries(
         self, request: pb.StreamEntriesRequest, active: Callable[[], bool]
     ) -> Iterator[pb.EntryChunk]:
@@ -238,6 +252,7 @@ def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
         "AppendEvent": _unary(servicer.append_event, pb.AppendEventRequest),
         "ArmReplay": _unary(servicer.arm_replay, pb.ArmReplayRequest),
         "GetVerdicts": _unary(servicer.get_verdicts, pb.GetVerdictsRequest),
+        "ArchiveEvidence": _unary(servicer.archive_evidence, pb.ArchiveEvidenceRequest),
         "StreamEntries": grpc.unary_stream_rpc_method_handler(
             entries,
             request_deserializer=pb.StreamEntriesRequest.FromString,
@@ -356,6 +371,14 @@ class ControlClient:
     def get_verdicts(self, session_id: str, *, timeout: float = 30.0) -> pb.GetVerdictsResponse:
         request = pb.GetVerdictsRequest(session_id=session_id)
         return self._call("GetVerdicts", request, pb.GetVerdictsResponse, timeout)
+
+    def archive_evidence(
+        self, stream: str, evidence_kind: str, name: str, data: bytes, *, timeout: float = 30.0
+    ) -> pb.ArchiveEvidenceResponse:
+        request = pb.ArchiveEvidenceRequest(
+            stream=stream, evidence_kind=evidence_kind, name=name, data=data
+        )
+        return self._call("ArchiveEvidence", request, pb.ArchiveEvidenceResponse, timeout)
 
     def entries(
         self, stream: str, from_seq: int = 0, *, follow: bool = False, timeout: float | None = None

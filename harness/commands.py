@@ -411,9 +411,11 @@ def register(app: typer.Typer) -> None:
             0 if outcome.result.outcome in ("ANSWERED", "STEP_LIMIT", "STOPPED") else 1
         )
 
-    from harness import diverge
+    from attestation import cli as attestation_cli
+    from harness import attest_collect, diverge
 
     diverge.register(app)
+    attest_collect.register(attestation_cli.register(app))
 
 
 def _print_result(doc: dict[str, Any], as_json: bool) -> None:

@@ -72,6 +72,26 @@ class AppendEventResponse(_message.Message):
     checkpoint: bytes
     def __init__(self, seq: _Optional[int] = ..., event_id: _Optional[str] = ..., checkpoint: _Optional[bytes] = ...) -> None: ...
 
+class ArchiveEvidenceRequest(_message.Message):
+    __slots__ = ("stream", "evidence_kind", "name", "data")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    evidence_kind: str
+    name: str
+    data: bytes
+    def __init__(self, stream: _Optional[str] = ..., evidence_kind: _Optional[str] = ..., name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ArchiveEvidenceResponse(_message.Message):
+    __slots__ = ("seq", "occurred_at")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    OCCURRED_AT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    occurred_at: str
+    def __init__(self, seq: _Optional[int] = ..., occurred_at: _Optional[str] = ...) -> None: ...
+
 class ArmReplayRequest(_message.Message):
     __slots__ = ("session_id", "source_stream", "turn", "pins_json")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

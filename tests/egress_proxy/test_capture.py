@@ -105,7 +105,7 @@ def test_events_reach_the_client_before_the_upstream_has_finished(fresh: Rig) ->
         chunks = response.iter_raw()
         while got.count(b"\n\n") < 2:
             got += next(chunks)
-        assert script.waiting.is_set()  # the upstream is still holding the rest back
+        assert script.waiting.wait(10)  # the upstream is holding the rest back (until the gate)
         assert got == EVENTS[0] + EVENTS[1]
         gate.set()
         splitter, committed = EventSplitter(), None

@@ -1,0 +1,211 @@
+"""``affidavit attest verify`` and ``affidavit attest bind-check``: an auditor's commands.
+
+They need the base install only (``cryptography``, ``pydantic``, ``typer``): no engine, no
+proxy. ``verify`` checks one piece of evidence against its certificates (and collateral),
+optionally a policy and a signed published-measurements file, and prints one line per check
+and the verdict; ``bind-check`` checks that an exported bundle's evidence vouches for the
+key that signed its checkpoints. Exit codes: 0 accept, 1 reject, 2 usage, 3 an input file
+is missing. ``affidavit attest collect`` (inside the appliance) is added by the harness.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, cast
+
+import typer
+
+from attestation.verdict import EvidenceKind, Verdict
+
+__all__ = ["parse_now", "read_evidence", "register", "verify_evidence"]
+
+EXIT_ACCEPT, EXIT_REJECT, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
+#: Where a release's public key is committed (``measurements/release.pub``).
+RELEASE_KEY = Path(__file__).resolve().parents[1] / "measurements" / "release.pub"
+
+
+class Missing(Exception):
+    """An input file that is not there (exit 3)."""
+
+
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise Missing(f"{path} does not exist")
+    return path.read_bytes()
+
+
+def parse_now(text: str | None) -> datetime:
+    """``--now``: an RFC 3339 time with its offset (default: this instant, UTC)."""
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not an RFC 3339 time", param_hint="--now") from None
+    if when.tzinfo is None:
+        raise typer.BadParameter(f"{text!r} has no UTC offset", param_hint="--now")
+    return when.astimezone(UTC)
+
+
+def read_evidence(data: bytes) -> bytes:
+    """Evidence as given: raw bytes, or hex text (whitespace ignored)."""
+    text = data.strip()
+    try:
+        if text and all(c in b"0123456789abcdefABCDEF \n\r\t" for c in text):
+            return bytes.fromhex(text.decode("ascii"))
+    except ValueError:
+        pass
+    return data
+
+
+def _split_certs(blobs: list[bytes]) -> tuple[bytes | None, bytes]:
+    """SNP ``--certs``: the VCEK/VLEK (the one EC key) and the rest of the chain, as PEM."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    certs: list[x509.Certificate] = []
+    for blob in blobs:
+        if b"-----BEGIN CERTIFICATE-----" in blob:
+            certs += x509.load_pem_x509_certificates(blob)
+        else:
+            certs.append(x509.load_der_x509_certificate(blob))
+    leaf = next((c for c in certs if isinstance(c.public_key(), ec.EllipticCurvePublicKey)), None)
+    rest = b"".join(c.public_bytes(Encoding.PEM) for c in certs if c is not leaf)
+    return (leaf.public_bytes(Encoding.DER) if leaf is not None else None), rest
+
+
+def verify_evidence(
+    kind: EvidenceKind,
+    evidence: bytes,
+    *,
+    certs: list[bytes],
+    collateral: bytes | None,
+    now: datetime,
+    nonce: bytes | None = None,
+) -> Verdict:
+    """Verify one piece of evidence with the verifier for its kind."""
+    if kind == "snp":
+        from attestation.snp import verify_snp
+
+        vek, chain = _split_certs(certs)
+        if vek is None:
+            raise typer.BadParameter("no VCEK or VLEK among the --certs", param_hint="--certs")
+        return verify_snp(evidence, vek, chain, now=now)
+    if kind == "tdx":
+        from attestation.tdx import verify_tdx
+
+        return verify_tdx(evidence, now=now, collateral=collateral)
+    from attestation.nvidia import verify_nvidia
+
+    if not certs:
+        raise typer.BadParameter(
+            "NVIDIA evidence needs its certificate chain", param_hint="--certs"
+        )
+    return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce)
+
+
+def _print(verdict: Verdict, as_json: bool) -> None:
+    if as_json:
+        doc: dict[str, Any] = {
+            "verdict": "accept" if verdict.accepted else "reject",
+            "checks": [c.json() for c in verdict.checks],
+            "kind": verdict.kind,
+            "facts": verdict.facts,
+        }
+        print(json.dumps(doc, indent=2, default=str))
+        return
+    for check in verdict.checks:
+        print(check.line())
+    unchecked = len(verdict.not_checked)
+    tail = f" ({unchecked} not checked: see the skip lines)" if unchecked else ""
+    print(f"verdict: {'accept' if verdict.accepted else 'REJECT'}{tail}")
+
+
+def attest_verify(
+    evidence: Annotated[Path, typer.Option(help="the report, quote or SPDM evidence (raw or hex)")],
+    kind: Annotated[str, typer.Option(help="snp, tdx or nvidia")],
+    certs: Annotated[
+        list[Path] | None,
+        typer.Option(help="certificates: VCEK/VLEK and ASK+ARK, or the GPU chain"),
+    ] = None,
+    collateral: Annotated[
+        Path | None, typer.Option(help="TDX collateral (TCB info, QE identity)")
+    ] = None,
+    published: Annotated[Path | None, typer.Option(help="a published measurements file")] = None,
+    release_key: Annotated[
+        Path | None, typer.Option(help="the pinned release key (default: measurements/release.pub)")
+    ] = None,
+    policy: Annotated[Path | None, typer.Option(help="a policy file (JSON)")] = None,
+    nonce: Annotated[str | None, typer.Option(help="the expected nonce, hex")] = None,
+    now: Annotated[
+        str | None, typer.Option(help="verification time, RFC 3339 (default: now)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Verify attestation evidence; one line per check, then the verdict."""
+    from attestation.policy import Policy, PolicyError, apply_policy, load_policy
+    from attestation.published import (
+        PublishedError,
+        check_published,
+        load_published,
+        read_public_key,
+    )
+
+    if kind not in ("snp", "tdx", "nvidia"):
+        raise typer.BadParameter(f"{kind!r}: snp, tdx or nvidia", param_hint="--kind")
+    when = parse_now(now)
+    try:
+        expected = bytes.fromhex(nonce) if nonce is not None else None
+    except ValueError:
+        raise typer.BadParameter(f"{nonce!r} is not hex", param_hint="--nonce") from None
+    try:
+        data = read_evidence(_read(evidence))
+        blobs = [_read(p) for p in certs or []]
+        extra = _read(collateral) if collateral is not None else None
+        rules = load_policy(policy) if policy is not None else Policy()
+        if expected is not None and rules.nonce is None:
+            rules = rules.model_copy(update={"nonce": expected.hex()})
+        promised = None
+        if published is not None:
+            key_path = release_key or RELEASE_KEY
+            _read(key_path)
+            promised = load_published(published, read_public_key(key_path))
+    except Missing as exc:
+        print(f"affidavit: missing: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_MISSING) from None
+    except (PolicyError, PublishedError) as exc:
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE) from None
+    which = cast(EvidenceKind, kind)
+    try:
+        verdict = verify_evidence(
+            which, data, certs=blobs, collateral=extra, now=when, nonce=expected
+        )
+    except ValueError as exc:  # evidence that does not parse: a rejection, said plainly
+        verdict = Verdict(which)
+        verdict.add("parse", False, str(exc))
+    apply_policy(verdict, rules)
+    if promised is not None:
+        check_published(verdict, promised)
+    _print(verdict, as_json)
+    raise typer.Exit(EXIT_ACCEPT if verdict.accepted else EXIT_REJECT)
+
+
+def register(app: typer.Typer) -> typer.Typer:
+    """Add ``attest`` (with ``verify`` and ``bind-check``) to ``app``; returns the sub-app so
+    the harness can add ``collect``."""
+    from attestation import bind_check
+
+    attest = typer.Typer(
+        name="attest",
+        help="Attestation: verify evidence, check a bundle's binding, collect (in the appliance).",
+        no_args_is_help=True,
+    )
+    attest.command("verify")(attest_verify)
+    attest.command("bind-check")(bind_check.attest_bind_check)
+    app.add_typer(attest)
+    return attest

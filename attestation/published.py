@@ -1,0 +1,170 @@
+"""Published measurements: what a release promises, signed, for auditors to hold evidence to.
+
+A release publishes ``measurements/<version>.json`` and beside it ``<version>.json.sig``, the
+detached Ed25519 signature (base64, one line) over the file's exact bytes. An auditor pins
+the release public key (``measurements/release.pub``: base64 of the raw 32-byte key) and
+checks the signature before believing a byte of the file. The format (``docs/attestation.md``):
+
+    {"format": "affidavit-measurements/1", "version": "…",
+     "image_digest": "sha256:…", "model_weights_digest": "sha256:…",
+     "kernel_cmdline": "…", "firmware": {"ovmf_sha256": "…"},
+     "snp": [{"vcpus": 4, "vcpu_type": "EPYC-v4", "measurement": "<96 hex>"}],
+     "tdx": [{"mrtd": "<96 hex>", "rtmr0": "…", "rtmr1": "…", "rtmr2": "…"}],
+     "gpu": {"driver_versions": ["550.90.07"], "vbios_versions": ["96.00.9F.00.01"]}}
+
+``check_published`` adds ``published.*`` checks to a verdict: the evidence's measurement is
+one the release promised.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from attestation.verdict import Verdict
+
+__all__ = [
+    "FORMAT",
+    "GpuState",
+    "Published",
+    "PublishedError",
+    "SnpLaunch",
+    "TdxLaunch",
+    "check_published",
+    "load_published",
+    "read_public_key",
+    "sign_published",
+]
+
+FORMAT = "affidavit-measurements/1"
+_HEX48 = r"^[0-9a-f]{96}$"
+_DIGEST = r"^sha256:[0-9a-f]{64}$"
+
+
+class PublishedError(ValueError):
+    """A published file that cannot be trusted or read, saying why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SnpLaunch(_Model):
+    vcpus: int = Field(ge=1)
+    vcpu_type: str
+    measurement: str = Field(pattern=_HEX48)
+
+
+class TdxLaunch(_Model):
+    mrtd: str = Field(pattern=_HEX48)
+    rtmr0: str | None = Field(None, pattern=_HEX48)
+    rtmr1: str | None = Field(None, pattern=_HEX48)
+    rtmr2: str | None = Field(None, pattern=_HEX48)
+
+
+class GpuState(_Model):
+    driver_versions: tuple[str, ...] = ()
+    vbios_versions: tuple[str, ...] = ()
+
+
+class Published(_Model):
+    format: str = Field(pattern=f"^{FORMAT}$")
+    version: str = Field(min_length=1)
+    image_digest: str = Field(pattern=_DIGEST)
+    model_weights_digest: str = Field(pattern=_DIGEST)
+    kernel_cmdline: str
+    firmware: dict[str, str] = Field(default_factory=dict)
+    snp: tuple[SnpLaunch, ...] = ()
+    tdx: tuple[TdxLaunch, ...] = ()
+    gpu: GpuState | None = None
+
+
+def read_public_key(path: Path | str) -> Ed25519PublicKey:
+    try:
+        raw = base64.b64decode(Path(path).read_text().strip(), validate=True)
+        return Ed25519PublicKey.from_public_bytes(raw)
+    except (OSError, ValueError, binascii.Error) as exc:
+        raise PublishedError(
+            f"release key {path}: not a base64 Ed25519 public key ({exc})"
+        ) from None
+
+
+def sign_published(data: bytes, key: Ed25519PrivateKey) -> str:
+    """The detached signature line for a published file's exact bytes."""
+    return base64.b64encode(key.sign(data)).decode("ascii") + "\n"
+
+
+def load_published(
+    path: Path | str, key: Ed25519PublicKey, signature: Path | str | None = None
+) -> Published:
+    """The published file, only if its detached signature (``<path>.sig``) verifies."""
+    path = Path(path)
+    sig_path = Path(signature) if signature is not None else path.with_name(path.name + ".sig")
+    try:
+        data = path.read_bytes()
+        sig = base64.b64decode(sig_path.read_text().strip(), validate=True)
+    except (OSError, ValueError, binascii.Error) as exc:
+        raise PublishedError(f"published {path}: {exc}") from None
+    try:
+        key.verify(sig, data)
+    except InvalidSignature:
+        raise PublishedError(
+            f"published {path}: the signature {sig_path} does not verify with the release key"
+        ) from None
+    try:
+        return Published.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(the file)"
+        raise PublishedError(f"published {path}: {where}: {first['msg']}") from None
+
+
+def check_published(verdict: Verdict, published: Published) -> Verdict:
+    """Is what the evidence measured among what the release promised?"""
+    facts = verdict.facts
+    name = f"published.{verdict.kind}"
+    if verdict.kind == "snp":
+        measured = facts.get("measurement")
+        promised = [p for p in published.snp if p.measurement == measured]
+        detail = (
+            f"measurement matches {published.version} ({promised[0].vcpus} × "
+            f"{promised[0].vcpu_type})"
+            if promised
+            else f"measurement {measured} is not one {published.version} publishes"
+        )
+        verdict.add(name, bool(promised), detail)
+    elif verdict.kind == "tdx":
+        match = [
+            p
+            for p in published.tdx
+            if p.mrtd == facts.get("mrtd")
+            and all(
+                getattr(p, r) is None or getattr(p, r) == facts.get(r)
+                for r in ("rtmr0", "rtmr1", "rtmr2")
+            )
+        ]
+        verdict.add(
+            name,
+            bool(match),
+            f"MRTD and RTMRs match {published.version}"
+            if match
+            else f"MRTD {facts.get('mrtd')} (with its RTMRs) is not one {published.version} publishes",
+        )
+    elif verdict.kind == "nvidia":
+        gpu = published.gpu
+        if gpu is None:
+            verdict.add(name, None, f"{published.version} publishes no GPU state")
+            return verdict
+        driver, vbios = facts.get("driver_version"), facts.get("vbios_version")
+        ok = (not gpu.driver_versions or driver in gpu.driver_versions) and (
+            not gpu.vbios_versions or vbios in gpu.vbios_versions
+        )
+        verdict.add(
+            name, ok, f"driver {driver}, VBIOS {vbios}: " + ("published" if ok else "not published")
+        )
+    return verdict
