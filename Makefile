@@ -3,8 +3,9 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 # Debian packages the test suite drives for real: strace (fsync before each acknowledgement),
-# nftables and iproute2 (the harness network rules, loaded into namespaces).
-APT_PACKAGES := strace nftables iproute2
+# nftables and iproute2 (the harness network rules, loaded into namespaces), chromium (the
+# panel's browser tests drive it through Playwright, headless; never Playwright's download).
+APT_PACKAGES := strace nftables iproute2 chromium
 
 .PHONY: demo test lint typecheck unit bench fuzz system-deps clean
 

@@ -94,12 +94,12 @@ def check_bundle(
         collateral = (
             (bundle / EVIDENCE / collateral_name).read_bytes() if collateral_name in files else None
         )
-        if verify is not None:
-            verdict = verify(kind, report, certs=certs, collateral=collateral, now=collected)
-        else:
-            verdict = verify_evidence(
-                kind, report, certs=certs, collateral=collateral, now=collected
-            )
+        check = verify or verify_evidence
+        try:
+            verdict = check(kind, report, certs=certs, collateral=collateral, now=collected)
+        except ValueError as exc:  # no certificates kept, evidence that does not parse
+            verdict = Verdict(kind)
+            verdict.add("evidence", False, str(exc))
         verdicts.append(verdict)
         checks.append(
             Check(

@@ -31,6 +31,10 @@ class Missing(Exception):
     """An input file that is not there (exit 3)."""
 
 
+class CertsNeeded(ValueError):
+    """The evidence's kind needs certificates that were not given."""
+
+
 def _read(path: Path) -> bytes:
     if not path.is_file():
         raise Missing(f"{path} does not exist")
@@ -63,16 +67,12 @@ def read_evidence(data: bytes) -> bytes:
 
 def _split_certs(blobs: list[bytes]) -> tuple[bytes | None, bytes]:
     """SNP ``--certs``: the VCEK/VLEK (the one EC key) and the rest of the chain, as PEM."""
-    from cryptography import x509
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.hazmat.primitives.serialization import Encoding
 
-    certs: list[x509.Certificate] = []
-    for blob in blobs:
-        if b"-----BEGIN CERTIFICATE-----" in blob:
-            certs += x509.load_pem_x509_certificates(blob)
-        else:
-            certs.append(x509.load_der_x509_certificate(blob))
+    from attestation.certs import load_certs
+
+    certs = [cert for blob in blobs for cert in load_certs(blob)]
     leaf = next((c for c in certs if isinstance(c.public_key(), ec.EllipticCurvePublicKey)), None)
     rest = b"".join(c.public_bytes(Encoding.PEM) for c in certs if c is not leaf)
     return (leaf.public_bytes(Encoding.DER) if leaf is not None else None), rest
@@ -93,7 +93,7 @@ def verify_evidence(
 
         vek, chain = _split_certs(certs)
         if vek is None:
-            raise typer.BadParameter("no VCEK or VLEK among the --certs", param_hint="--certs")
+            raise CertsNeeded("no VCEK or VLEK among the certificates")
         return verify_snp(evidence, vek, chain, now=now)
     if kind == "tdx":
         from attestation.tdx import verify_tdx
@@ -102,9 +102,7 @@ def verify_evidence(
     from attestation.nvidia import verify_nvidia
 
     if not certs:
-        raise typer.BadParameter(
-            "NVIDIA evidence needs its certificate chain", param_hint="--certs"
-        )
+        raise CertsNeeded("NVIDIA evidence needs its certificate chain")
     return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce)
 
 
@@ -150,6 +148,7 @@ def attest_verify(
     from attestation.policy import Policy, PolicyError, apply_policy, load_policy
     from attestation.published import (
         PublishedError,
+        SignatureMismatch,
         check_published,
         load_published,
         read_public_key,
@@ -167,13 +166,17 @@ def attest_verify(
         blobs = [_read(p) for p in certs or []]
         extra = _read(collateral) if collateral is not None else None
         rules = load_policy(policy) if policy is not None else Policy()
-        if expected is not None and rules.nonce is None:
+        if expected is not None and rules.nonce is None and kind != "nvidia":
+            # the GPU verifier checks its nonce itself; for SNP and TDX it is report_data's tail
             rules = rules.model_copy(update={"nonce": expected.hex()})
-        promised = None
+        promised, untrusted = None, None
         if published is not None:
             key_path = release_key or RELEASE_KEY
             _read(key_path)
-            promised = load_published(published, read_public_key(key_path))
+            try:
+                promised = load_published(published, read_public_key(key_path))
+            except SignatureMismatch as exc:  # a problem found, not a usage error
+                untrusted = str(exc)
     except Missing as exc:
         print(f"affidavit: missing: {exc}", file=sys.stderr)
         raise typer.Exit(EXIT_MISSING) from None
@@ -185,12 +188,17 @@ def attest_verify(
         verdict = verify_evidence(
             which, data, certs=blobs, collateral=extra, now=when, nonce=expected
         )
+    except CertsNeeded as exc:
+        raise typer.BadParameter(str(exc), param_hint="--certs") from None
     except ValueError as exc:  # evidence that does not parse: a rejection, said plainly
         verdict = Verdict(which)
         verdict.add("parse", False, str(exc))
     apply_policy(verdict, rules)
     if promised is not None:
+        verdict.add("published.signature", True, f"{published} is signed by the release key")
         check_published(verdict, promised)
+    elif untrusted is not None:
+        verdict.add("published.signature", False, untrusted)
     _print(verdict, as_json)
     raise typer.Exit(EXIT_ACCEPT if verdict.accepted else EXIT_REJECT)
 

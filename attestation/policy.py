@@ -10,6 +10,7 @@ members are refused, naming them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -96,14 +97,29 @@ def apply_policy(verdict: Verdict, policy: Policy) -> Verdict:
             f"report_data {'begins with' if data.startswith(policy.report_data) else 'is not'}"
             f" the expected {policy.report_data[:32]}…",
         )
-    if policy.nonce is not None and "nonce" in facts:
-        nonce = str(facts["nonce"])
-        verdict.add(
-            "policy.nonce",
-            nonce == policy.nonce,
-            "the expected nonce" if nonce == policy.nonce else f"nonce {nonce} is not expected",
-        )
+    if policy.nonce is not None:
+        _nonce(verdict, policy.nonce)
     return verdict
+
+
+def _nonce(verdict: Verdict, expected: str) -> None:
+    """GPU evidence carries its nonce; SNP and TDX carry it in ``report_data``'s second half
+    (``attestation.binding``: zero-padded, or its SHA-256 when longer than 32 bytes)."""
+    facts = verdict.facts
+    if "nonce" in facts:
+        nonce = str(facts["nonce"])
+    elif "report_data" in facts:
+        nonce = str(facts["report_data"])[64:]
+        raw = bytes.fromhex(expected)
+        expected = (raw if len(raw) <= 32 else hashlib.sha256(raw).digest()).ljust(32, b"\0").hex()
+    else:
+        verdict.add("policy.nonce", None, "the evidence carries no nonce")
+        return
+    verdict.add(
+        "policy.nonce",
+        nonce == expected,
+        "the expected nonce" if nonce == expected else f"nonce {nonce} is not the expected one",
+    )
 
 
 def _snp(verdict: Verdict, policy: Policy) -> None:

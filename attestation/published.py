@@ -33,6 +33,7 @@ __all__ = [
     "GpuState",
     "Published",
     "PublishedError",
+    "SignatureMismatch",
     "SnpLaunch",
     "TdxLaunch",
     "check_published",
@@ -47,7 +48,11 @@ _DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
 class PublishedError(ValueError):
-    """A published file that cannot be trusted or read, saying why."""
+    """A published file that cannot be read, saying why."""
+
+
+class SignatureMismatch(PublishedError):
+    """A published file whose detached signature does not verify: not to be believed."""
 
 
 class _Model(BaseModel):
@@ -113,7 +118,7 @@ def load_published(
     try:
         key.verify(sig, data)
     except InvalidSignature:
-        raise PublishedError(
+        raise SignatureMismatch(
             f"published {path}: the signature {sig_path} does not verify with the release key"
         ) from None
     try:

@@ -121,7 +121,7 @@ def _report_data(kind: str, report: bytes) -> bytes:
     if kind == "snp":
         from attestation.snp import parse_report
 
-        return parse_report(report).report_data
-    from attestation.tdx import parse_quote
+        return bytes(parse_report(report).report_data)
+    from attestation.tdx import parse_tdx_quote
 
-    return parse_quote(report).body.report_data
+    return bytes(parse_tdx_quote(report).body.report_data)

@@ -416,6 +416,9 @@ def register(app: typer.Typer) -> None:
 
     diverge.register(app)
     attest_collect.register(attestation_cli.register(app))
+    from harness.panel import cli as panel_cli
+
+    panel_cli.register(app)
 
 
 def _print_result(doc: dict[str, Any], as_json: bool) -> None:

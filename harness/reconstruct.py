@@ -176,11 +176,21 @@ def turn_setup(
     )
 
 
-def reconstruct_turn(store: Path | str, stream: str, turn: int, key: KeyPair) -> ReconstructReport:
-    """Reconstruct turn ``turn`` of ``stream``; the report says where it differed, if it did."""
+def reconstruct_turn(
+    store: Path | str,
+    stream: str,
+    turn: int,
+    key: KeyPair,
+    *,
+    bodies: list[tuple[int, Strict]] | None = None,
+) -> ReconstructReport:
+    """Reconstruct turn ``turn`` of ``stream``; the report says where it differed, if it did.
+    ``bodies``: the stream's bodies, already opened (an exported bundle's); else read from
+    ``store``."""
     from egress_proxy.replay import reconstruct_pipeline
 
-    bodies = read_bodies(store, stream, key)
+    if bodies is None:
+        bodies = read_bodies(store, stream, key)
     try:
         text, past, labels, catalogue, ended, ended_seq = turn_setup(bodies, turn)
     except (KeyError, StopIteration):

@@ -11,7 +11,7 @@ import typer.main
 from harness.cli import app
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
-SERVICES = {"up", "engine serve", "demo"}
+SERVICES = {"up", "engine serve", "demo", "panel"}
 
 
 def _commands(group: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""Reading certificates the way every verifier here needs them, and naming a pinned key.
+
+One place for it: PEM (any number of certificates; a chain embedded in a TDX quote ends in
+NUL bytes) or one DER certificate, each certificate once. AMD issues every VCEK with serial
+number 0, which RFC 5280 forbids and ``cryptography`` warns about; that one warning is
+silenced here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from cryptography.utils import CryptographyDeprecationWarning
+
+__all__ = ["load_certs", "spki_sha256"]
+
+
+def load_certs(data: bytes) -> list[x509.Certificate]:
+    """The certificates in ``data``, in order, each once; ``ValueError`` if none parse."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message="Parsed a serial number which wasn't positive",
+            category=CryptographyDeprecationWarning,
+        )
+        if b"-----BEGIN CERTIFICATE-----" in data:
+            certs = x509.load_pem_x509_certificates(data.rstrip(b"\x00"))
+        else:
+            certs = [x509.load_der_x509_certificate(data)]
+    unique: dict[bytes, x509.Certificate] = {}
+    for cert in certs:
+        unique.setdefault(cert.public_bytes(Encoding.DER), cert)
+    return list(unique.values())
+
+
+def spki_sha256(cert: x509.Certificate) -> str:
+    """SHA-256 (hex) of a certificate's SubjectPublicKeyInfo, DER: what a pin names."""
+    spki = cert.public_key().public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(spki).hexdigest()

@@ -1,0 +1,305 @@
+"""The panel's FastAPI app: server-rendered pages over a read-only source, and its jobs.
+
+Routes (every one behind the access token):
+
+=====================================  =========================================================
+``GET  /``                             the sessions: pinned or not, turns, last activity, health
+``GET  /s/{stream}``                   a session: its turns, labels, recipients, checkpoints
+``GET  /s/{stream}/t/{turn}``          a turn, step by step (``?replay=JOB``, ``?verify=JOB``)
+``POST /s/{stream}/t/{turn}/replay``   starts a re-execution; 303 to the turn page
+``POST /s/{stream}/t/{turn}/verify``   starts a reconstruction and proof check; 303 likewise
+``GET  /s/{stream}/export.tar.gz``     the stream's auditor bundle, as one ``.tar.gz``
+``GET  /jobs/{id}``                    a job's progress and result (JSON)
+``GET  /static/{name}``                the stylesheet and the one small script
+=====================================  =========================================================
+
+Access: the token comes once in the URL the command prints (``/?token=…``); the panel answers
+with an HttpOnly, SameSite=Strict cookie and a redirect to the same page without it. Anything
+without the cookie (or an ``Authorization: Bearer`` header) is 401. Templates autoescape every
+value, and a Content-Security-Policy allows only the panel's own script and stylesheet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import secrets
+import tarfile
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+
+from harness.panel.jobs import Job, Jobs, run_replay, run_verify
+from harness.panel.source import Opened, Source
+from harness.panel.views import (
+    NoTurn,
+    TurnView,
+    read_stream,
+    session_row,
+    session_rows,
+    session_view,
+    turn_view,
+)
+from harness.state import HomeMissing
+from record.errors import UnknownStream
+
+__all__ = ["create_app", "export_tar"]
+
+HERE = Path(__file__).parent
+TEMPLATES = HERE / "templates"
+STATIC = HERE / "static"
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=True,  # every value from the record is text, never markup
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["short"] = lambda value, n=16: (
+        value if len(str(value)) <= n else str(value)[:n] + "…"
+    )
+    return env
+
+
+def export_tar(source: Source, stream: str) -> bytes:
+    """The stream's auditor bundle directory as one gzip'd tar (``<stream>-bundle/…``)."""
+    with tempfile.TemporaryDirectory(prefix="affidavit-panel-") as tmp:
+        folder = source.export_to(stream, Path(tmp))
+        buffer = io.BytesIO()
+        top = f"{stream}-bundle"
+        with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+            tar.add(folder, arcname=top, recursive=False)
+            for path in sorted(folder.rglob("*")):
+                if path.is_symlink() or not (path.is_file() or path.is_dir()):
+                    continue  # a bundle is plain files and folders
+                if path.name.endswith(".tmp"):
+                    continue
+                tar.add(
+                    path, arcname=f"{top}/{path.relative_to(folder).as_posix()}", recursive=False
+                )
+        return buffer.getvalue()
+
+
+def create_app(source: Source, *, token: str | None = None) -> FastAPI:
+    """The panel over ``source``; ``app.state.token`` is the access token."""
+    token = token or secrets.token_urlsafe(32)
+    # one cookie per panel (cookies ignore the port): named after the token's digest
+    cookie = "affidavit_panel_" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    app = FastAPI(title="Affidavit panel", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.token = token
+    app.state.source = source
+    jobs = Jobs()
+    app.state.jobs = jobs
+    env = _environment()
+
+    def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("refresh", False)
+        context.setdefault("title", "Affidavit panel")
+        html = env.get_template(name).render(
+            source_text=source.describe_safe(), read_only=source.mode == "bundle", **context
+        )
+        return HTMLResponse(html, status_code=status)
+
+    def denied(reason: str) -> HTMLResponse:
+        return HTMLResponse(env.get_template("denied.html").render(reason=reason), status_code=401)
+
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        given = request.query_params.get("token")
+        if given is not None:
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                response: Response = denied("this is not the panel's access token")
+            else:  # once in the URL, then a cookie: the token leaves the address bar
+                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+                path = "/" + request.url.path.lstrip("/")  # never //host: no open redirect
+                target = path + (f"?{urlencode(rest)}" if rest else "")
+                response = RedirectResponse(target, status_code=303)
+                response.set_cookie(
+                    cookie, token, httponly=True, samesite="strict", path="/", secure=False
+                )
+        else:
+            presented = request.cookies.get(cookie, "")
+            bearer = request.headers.get("authorization", "")
+            if bearer.lower().startswith("bearer "):
+                presented = bearer[7:].strip()
+            if presented and hmac.compare_digest(presented.encode(), token.encode()):
+                response = await call_next(request)
+            else:
+                response = denied("open the URL `affidavit panel` printed (it carries the token)")
+        for name, value in HEADERS.items():
+            response.headers.setdefault(name, value)
+        return response
+
+    def missing(exc: Exception, status: int = 404) -> HTMLResponse:
+        return page("error.html", status=status, message=str(exc), title="Not found")
+
+    @app.get("/", response_class=HTMLResponse)
+    def sessions() -> HTMLResponse:
+        try:
+            rows = session_rows(source)
+        except HomeMissing as exc:
+            return missing(exc, 503)
+        return page("sessions.html", rows=rows, title="Sessions · Affidavit")
+
+    @app.get("/static/{name}")
+    def static(name: str) -> Response:
+        path = STATIC / name
+        if "/" in name or name.startswith(".") or path.suffix not in STATIC_TYPES:
+            return Response("not found", status_code=404)
+        if not path.is_file():
+            return Response("not found", status_code=404)
+        return Response(path.read_bytes(), media_type=STATIC_TYPES[path.suffix])
+
+    @app.get("/s/{stream}", response_class=HTMLResponse)
+    def session(stream: str) -> HTMLResponse:
+        try:
+            view = session_view(source, stream)
+        except (UnknownStream, HomeMissing) as exc:
+            return missing(exc)
+        return page("session.html", s=view, title=f"Session {stream} · Affidavit")
+
+    def replay_refusal(view: TurnView | None, opened: Opened | None) -> str | None:
+        refusal = source.replay_refusal()
+        if refusal:
+            return refusal
+        if opened is None or view is None:
+            return "none of the panel's keys opens this stream"
+        if not view.pins:
+            return (
+                f"turn {view.turn} was not pinned (its session has no pins): a replay is not "
+                "expected to match; open a pinned session with `affidavit session new --pin …`"
+            )
+        if not view.strict:
+            return (
+                f"turn {view.turn} was pinned in shared cache mode, not strict: its replies "
+                "may depend on other sessions' cache"
+            )
+        if view.ended is None:
+            return f"turn {view.turn} has not ended: resume it first (`affidavit resume`)"
+        return None
+
+    @app.get("/s/{stream}/t/{turn}", response_class=HTMLResponse)
+    def turn_page(
+        stream: str, turn: int, replay: str | None = None, verify: str | None = None
+    ) -> HTMLResponse:
+        try:
+            record, opened = read_stream(source, stream)
+            row = session_row(source, stream, (record, opened))
+        except (UnknownStream, HomeMissing) as exc:
+            return missing(exc)
+        if opened is None:
+            return page(
+                "sealed.html",
+                status=403,
+                row=row,
+                stream=stream,
+                turn=turn,
+                title=f"Turn {turn} · sealed",
+            )
+        try:
+            view = turn_view(record, opened, turn)
+        except NoTurn as exc:
+            return missing(exc)
+        replay_job = _job(jobs, replay, "replay", stream, turn)
+        verify_job = _job(jobs, verify, "verify", stream, turn)
+        running = any(j is not None and j.state == "running" for j in (replay_job, verify_job))
+        keep = {k: v for k, v in (("replay", replay), ("verify", verify)) if v}
+        return page(
+            "turn.html",
+            t=view,
+            row=row,
+            opened=opened,
+            refusal=replay_refusal(view, opened),
+            replay=replay_job.json() if replay_job else None,
+            verify=verify_job.json() if verify_job else None,
+            refresh=running,
+            keep=lambda drop: urlencode({k: v for k, v in keep.items() if k != drop}),
+            title=f"Turn {turn} of {stream} · Affidavit",
+        )
+
+    def start(stream: str, turn: int, kind: str, request: Request) -> Response:
+        try:
+            record, opened = read_stream(source, stream)
+        except (UnknownStream, HomeMissing) as exc:
+            return missing(exc)
+        if opened is None:
+            return page("error.html", status=403, message="none of the panel's keys opens it")
+        try:
+            view = turn_view(record, opened, turn)
+        except NoTurn as exc:
+            return missing(exc)
+        if kind == "replay":
+            refusal = replay_refusal(view, opened)
+            if refusal:
+                return page("error.html", status=409, message=f"no replay: {refusal}")
+            job = jobs.start("replay", stream, turn, lambda j: run_replay(j, source, opened))
+        else:
+            job = jobs.start(
+                "verify", stream, turn, lambda j: run_verify(j, source, record, opened)
+            )
+        query = {k: v for k, v in request.query_params.items() if k in ("replay", "verify")}
+        query[kind] = job.id
+        return RedirectResponse(f"/s/{stream}/t/{turn}?{urlencode(query)}", status_code=303)
+
+    @app.post("/s/{stream}/t/{turn}/replay")
+    def replay(stream: str, turn: int, request: Request) -> Response:
+        return start(stream, turn, "replay", request)
+
+    @app.post("/s/{stream}/t/{turn}/verify")
+    def verify(stream: str, turn: int, request: Request) -> Response:
+        return start(stream, turn, "verify", request)
+
+    @app.get("/s/{stream}/export.tar.gz")
+    def export(stream: str) -> Response:
+        try:
+            source.record(stream)
+            data = export_tar(source, stream)
+        except (UnknownStream, HomeMissing) as exc:
+            return missing(exc)
+        name = f"{stream}-bundle.tar.gz"
+        return Response(
+            data,
+            media_type="application/gzip",
+            headers={"Content-Disposition": f'attachment; filename="{name}"'},
+        )
+
+    @app.get("/jobs/{job_id}")
+    def job_json(job_id: str, wait: bool = False) -> JSONResponse:
+        job = jobs.get(job_id)
+        if job is None:
+            return JSONResponse({"error": "no such job"}, status_code=404)
+        if wait:
+            jobs.wait(job)
+        return JSONResponse(job.json())
+
+    return app
+
+
+def _job(jobs: Jobs, job_id: str | None, kind: str, stream: str, turn: int) -> Job | None:
+    job = jobs.get(job_id)
+    if job is None or (job.kind, job.stream, job.turn) != (kind, stream, turn):
+        return None
+    return job

@@ -1,0 +1,99 @@
+"""``affidavit panel``: serve the reproducibility panel until interrupted.
+
+Registered on the ``affidavit`` app by ``harness.commands``; nothing heavy is imported until
+the command runs. Exit codes: 0 stopped, 2 usage error (``--bundle`` without ``--key``), 3
+something it needs is missing (no store, no bundle, no key file, an extra not installed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``affidavit panel`` to ``app``."""
+
+    @app.command("panel")
+    def panel(
+        home: Annotated[
+            Path | None,
+            typer.Option(
+                "--home", help="the state folder (default: $AFFIDAVIT_HOME or ./.affidavit)"
+            ),
+        ] = None,
+        bundle: Annotated[
+            Path | None,
+            typer.Option(help="serve an exported bundle instead, read-only (needs --key)"),
+        ] = None,
+        key: Annotated[
+            Path | None,
+            typer.Option(
+                "--key",
+                help="a recipient private key (with --bundle: required; else added to the "
+                "appliance's and your key)",
+            ),
+        ] = None,
+        port: Annotated[int, typer.Option(help="the port (default: a free one)")] = 0,
+        host: Annotated[
+            str, typer.Option(help="the address to bind (default: loopback only)")
+        ] = "127.0.0.1",
+        as_json: Annotated[
+            bool, typer.Option("--json", help="print one JSON document with the URL")
+        ] = False,
+    ) -> None:
+        """Serve the reproducibility panel (sessions, turns, replay, verify, export)."""
+        from harness.state import Home, HomeMissing
+        from record.seal import KeyPair
+
+        if bundle is not None and key is None:
+            raise typer.BadParameter("--bundle needs --key FILE (your key)", param_hint="--key")
+        try:
+            from harness.panel.server import RunningPanel, serve_forever
+            from harness.panel.source import ApplianceSource, BundleSource, Source
+        except ImportError as exc:  # pragma: no cover - an extra not installed
+            print(f"affidavit: missing: {exc}", file=sys.stderr)
+            raise typer.Exit(3) from None
+        try:
+            opener: KeyPair | None = None
+            if key is not None:
+                if not key.is_file():
+                    raise HomeMissing(f"key file {key} does not exist")
+                try:
+                    opener = KeyPair.read(key)
+                except ValueError as exc:
+                    raise typer.BadParameter(str(exc), param_hint="--key") from None
+            source: Source
+            if bundle is not None:
+                assert opener is not None
+                if not bundle.is_dir():
+                    raise HomeMissing(f"bundle directory {bundle} does not exist")
+                source = BundleSource(bundle, opener)
+            else:
+                source = ApplianceSource(Home.at(home), opener)
+                source.store_path()  # the record must be there
+        except HomeMissing as exc:
+            print(f"affidavit: missing: {exc}", file=sys.stderr)
+            raise typer.Exit(3) from None
+
+        def ready(up: RunningPanel) -> None:
+            if as_json:
+                doc = {"url": up.url, "base": up.base, "mode": source.mode}
+                print(json.dumps(doc), flush=True)
+            else:
+                print(f"affidavit panel: {up.url}", flush=True)
+                print(f"serving {source.describe_safe()}; Ctrl-C stops it.", flush=True)
+            if host not in ("127.0.0.1", "::1", "localhost"):
+                print(
+                    f"affidavit panel: warning: bound to {host}, not loopback only",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        serve_forever(source, host, port, ready=ready)

@@ -1,0 +1,539 @@
+"""NVIDIA H100 SPDM evidence: the public vectors' cases, tampering, and a generated chain.
+
+The public vectors are read in place from ``../shared/vectors/attestation`` (never copied
+into the project); without that folder the vector tests skip, saying so. The generated-chain
+tests need nothing outside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import NameOID
+
+from attestation.nvidia import (
+    NVIDIA_DEVICE_ROOT_SPKI_SHA256,
+    TCG_DICE_FWID_OID,
+    format_vbios_version,
+    parse_nvidia_evidence,
+    spki_sha256,
+    verify_nvidia,
+)
+from attestation.verdict import Verdict
+
+VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "attestation"
+NV = VECTORS / "nvidia-h100"
+#: Inside every vector certificate's validity (the latest notBefore is 2022-03-01; all end 9999).
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+NV01 = ("nvtrust/hopperAttestationReport.hex", "nvtrust/hopperCertChain.pem")
+NV02 = ("trustee/hopper_coco_report1.hex", "trustee/hopper_coco_certs1.pem")
+#: The manifest's NVIDIA cases, as these tests run them (the negative case names three chains).
+HANDLED = {"nv-01-nvtrust-h100", "nv-02-trustee-coco-h100", "nv-neg-01"}
+
+
+@pytest.fixture(scope="module")
+def attestation_vectors() -> Path:
+    """The public vectors folder; without it, the test skips and says why."""
+    if not VECTORS.is_dir():
+        reason = (
+            f"{VECTORS} is absent: the public attestation vectors live there "
+            "(../shared/vectors beside the repository), so the NVIDIA vector tests cannot run"
+        )
+        print(f"SKIP: {reason}")
+        pytest.skip(reason)
+    return VECTORS
+
+
+@pytest.fixture(scope="module")
+def manifest(attestation_vectors: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((attestation_vectors / "manifest.json").read_text())
+    return data
+
+
+def _cases(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["id"]: c for c in manifest["cases"] if c["kind"] == "nvidia-h100"}
+
+
+def _file(entry: str) -> Path:
+    """A manifest path, without any trailing note like ``(5 certs leaf..root)``."""
+    return VECTORS / entry.split(" ", 1)[0]
+
+
+def _verify(evidence: str, chain: str, **kwargs: Any) -> Verdict:
+    kwargs.setdefault("now", NOW)
+    return verify_nvidia((NV / evidence).read_bytes(), (NV / chain).read_bytes(), **kwargs)
+
+
+def _check(verdict: Verdict, name: str) -> Any:
+    return next(c for c in verdict.checks if c.name == name)
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def test_every_nvidia_case_in_the_manifest_is_run(manifest: dict[str, Any]) -> None:
+    assert set(_cases(manifest)) == HANDLED
+
+
+@pytest.mark.parametrize("case_id", ["nv-01-nvtrust-h100", "nv-02-trustee-coco-h100"])
+def test_accepted_cases(manifest: dict[str, Any], case_id: str) -> None:
+    case = _cases(manifest)[case_id]
+    assert case["expected"].startswith("ACCEPT")
+    nonce = re.search(r"nonce.*?\b([0-9a-f]{64})\b", case["expected"])
+    assert nonce is not None
+    verdict = verify_nvidia(
+        _file(case["evidence"]).read_bytes(),
+        _file(case["cert_chain"]).read_bytes(),
+        now=NOW,
+        nonce=bytes.fromhex(nonce.group(1)),
+    )
+    assert verdict.accepted, [c.line() for c in verdict.failed]
+    made = {c.name: c.ok for c in verdict.checks if c.ok is not None}
+    assert made == {
+        "report_signature": True,
+        "chain": True,
+        "chain.root_pinned": True,
+        "chain.leaf": True,
+        "chain.validity": True,
+        "nonce": True,
+        "fwid": True,
+    }
+    facts = verdict.facts
+    assert facts["nonce"] == nonce.group(1)
+    expected = case["facts"]
+    assert facts["driver_version"] == expected["driver_version"]
+    assert facts["vbios_version"] == expected["vbios"]
+    if "spdm_version" in expected:
+        assert facts["spdm_version"] == expected["spdm_version"]
+    if "measurement_blocks" in expected:
+        assert facts["measurement_blocks"] == expected["measurement_blocks"]
+    if "project/sku/chip_sku" in expected:
+        got = f"{facts['project']}/{facts['project_sku']}/{facts['chip_sku']}"
+        assert got == expected["project/sku/chip_sku"]
+
+
+@pytest.mark.parametrize("chain", ["case2", "case3", "case4"])
+def test_negative_chains_reject_on_the_chain(manifest: dict[str, Any], chain: str) -> None:
+    case = _cases(manifest)["nv-neg-01"]
+    assert case["expected"] == "REJECT"
+    assert chain in case["setup"]
+    assert f"nvidia-h100/trustee/hopper_cert_chain_{chain}.pem" in manifest["files"]
+    # These chains belong to the nv-01 device (the same BROM and leaf certificates).
+    verdict = _verify(NV01[0], f"trustee/hopper_cert_chain_{chain}.pem")
+    assert not verdict.accepted
+    failed = [c.name for c in verdict.failed]
+    assert any(name.startswith("chain") for name in failed), failed
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_negative_chain_details() -> None:
+    root_only = _verify(NV01[0], "trustee/hopper_cert_chain_case2.pem")
+    assert "only the root" in _check(root_only, "chain").detail
+    no_ica = _verify(NV01[0], "trustee/hopper_cert_chain_case3.pem")
+    assert _check(no_ica, "chain").ok is False
+    assert "Provisioner ICA 1 is missing" in _check(no_ica, "chain").detail
+    assert _check(no_ica, "chain.root_pinned").ok is False
+    no_leaf = _verify(NV01[0], "trustee/hopper_cert_chain_case4.pem")
+    assert _check(no_leaf, "chain.leaf").ok is False
+    assert _check(no_leaf, "report_signature").ok is False
+    assert _check(no_leaf, "fwid").ok is False
+
+
+# --------------------------------------------------------------------------- the facts
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_nv01_facts() -> None:
+    verdict = _verify(*NV01)
+    facts = verdict.facts
+    assert facts["nonce"] == "931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb"
+    assert facts["driver_version"] == "550.90.07"
+    assert facts["vbios_version"] == "96.00.9F.00.01"
+    assert facts["measurement_blocks"] == 64
+    assert list(facts["measurements"]) == [str(i) for i in range(1, 65)]
+    assert all(len(v) == 96 for v in facts["measurements"].values())
+    assert facts["trailing_padding"] == 0
+    assert facts["fwid"].startswith("f5c384ae")
+    json.dumps(verdict.json())  # JSON-ready
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_nv02_trailing_zero_byte_is_tolerated_and_reported() -> None:
+    raw = bytes.fromhex((NV / NV02[0]).read_text().strip())
+    assert raw.endswith(b"\x00")
+    parsed = parse_nvidia_evidence(raw)
+    assert parsed.trailing_padding == 1
+    assert len(parsed.request.raw) + len(parsed.response.signed) + 96 + 1 == len(raw)
+    verdict = _verify(*NV02)
+    assert verdict.accepted
+    assert verdict.facts["trailing_padding"] == 1
+    assert "tolerated" in verdict.facts["trailing_padding_note"]
+    assert verdict.facts["driver_version"] == "580.95.05"
+    assert verdict.facts["vbios_version"] == "96.00.74.00.1A"
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_hex_text_and_raw_bytes_parse_alike() -> None:
+    text = (NV / NV01[0]).read_bytes()
+    assert parse_nvidia_evidence(text) == parse_nvidia_evidence(bytes.fromhex(text.decode()))
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_pinned_root_is_the_vectors_nvidia_root() -> None:
+    root = x509.load_pem_x509_certificate((NV / "nvtrust/verifier_device_root.pem").read_bytes())
+    assert spki_sha256(root) == NVIDIA_DEVICE_ROOT_SPKI_SHA256
+
+
+# --------------------------------------------------------------------------- tampering
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+@pytest.mark.parametrize(
+    "where",
+    [
+        37 + 8 + 4 + 3 + 5,  # inside measurement block 1's value
+        37 + 2,  # the response's param1
+        -96 - 20,  # inside the opaque data (the FWID entry, just before the signature)
+        -1,  # the signature itself
+    ],
+)
+def test_a_flipped_byte_rejects_on_the_signature(where: int) -> None:
+    raw = bytearray(bytes.fromhex((NV / NV01[0]).read_text().strip()))
+    raw[where] ^= 0x01
+    verdict = verify_nvidia(bytes(raw), (NV / NV01[1]).read_bytes(), now=NOW)
+    assert not verdict.accepted
+    assert _check(verdict, "report_signature").ok is False
+    assert _check(verdict, "chain").ok is True
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_a_flipped_nonce_byte_rejects_on_signature_and_nonce() -> None:
+    raw = bytearray(bytes.fromhex((NV / NV01[0]).read_text().strip()))
+    expected = bytes(raw[4:36])
+    raw[10] ^= 0x80
+    verdict = verify_nvidia(bytes(raw), (NV / NV01[1]).read_bytes(), now=NOW, nonce=expected)
+    assert {c.name for c in verdict.failed} == {"report_signature", "nonce"}
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_a_wrong_expected_nonce_rejects_on_the_nonce() -> None:
+    verdict = _verify(*NV01, nonce=bytes(32))
+    assert not verdict.accepted
+    assert [c.name for c in verdict.failed] == ["nonce"]
+    assert "is not the expected 0000" in _check(verdict, "nonce").detail
+    longer = _verify(*NV02, nonce=bytes.fromhex(verdict.facts["nonce"]) + bytes(16))
+    assert _check(longer, "nonce").ok is False
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_no_expected_nonce_is_not_checked() -> None:
+    verdict = _verify(*NV01)
+    nonce = _check(verdict, "nonce")
+    assert nonce.ok is None
+    assert "no expected nonce" in nonce.detail
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_offline_verdicts_list_rim_and_ocsp_as_not_checked() -> None:
+    verdict = _verify(*NV01)
+    skipped = {c.name: c.detail for c in verdict.not_checked}
+    for name in ("rim.driver", "rim.vbios", "ocsp"):
+        assert name in skipped
+        assert "not checked" in skipped[name]
+        assert "--online" in skipped[name]
+    assert "550.90.07" in skipped["rim.driver"]
+    online = _verify(*NV01, online=True)
+    for name in ("rim.driver", "rim.vbios", "ocsp"):
+        check = _check(online, name)
+        assert check.ok is None
+        assert check.detail == "online verification is not available in this build: no network"
+    assert online.accepted  # skipped checks neither pass nor fail the rest
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_certificates_in_any_order() -> None:
+    certs = x509.load_pem_x509_certificates((NV / NV01[1]).read_bytes())
+    shuffled = b"".join(c.public_bytes(Encoding.PEM) for c in [certs[2], *certs[::-1]])
+    verdict = verify_nvidia((NV / NV01[0]).read_bytes(), shuffled, now=NOW)
+    assert verdict.accepted
+    assert verdict.facts["chain"][0].startswith("CN=GH100 A01 GSP FMC LF")
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_before_the_chain_is_valid() -> None:
+    verdict = _verify(*NV01, now=datetime(2022, 1, 1, tzinfo=UTC))
+    assert [c.name for c in verdict.failed] == ["chain.validity"]
+    assert "NVIDIA GH100 Provisioner ICA 1" in _check(verdict, "chain.validity").detail
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_another_trusted_root_rejects_nvidias_chain() -> None:
+    other, _ = _ca("Some Other Root")
+    verdict = _verify(*NV01, trusted_root=other.public_bytes(Encoding.PEM))
+    assert [c.name for c in verdict.failed] == ["chain.root_pinned"]
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_every_truncation_is_a_value_error() -> None:
+    raw = bytes.fromhex((NV / NV01[0]).read_text().strip())
+    for end in range(len(raw)):
+        with pytest.raises(ValueError):
+            parse_nvidia_evidence(raw[:end])
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_non_zero_trailing_bytes_are_refused() -> None:
+    raw = bytes.fromhex((NV / NV01[0]).read_text().strip())
+    with pytest.raises(ValueError, match="trailing bytes"):
+        parse_nvidia_evidence(raw + b"\x00\x07")
+    assert parse_nvidia_evidence(raw + bytes(3)).trailing_padding == 3
+
+
+# --------------------------------------------------------------------------- generated
+
+
+KEY_CERT_SIGN = x509.KeyUsage(False, False, False, False, False, True, True, False, False)
+DIGITAL_SIGNATURE = x509.KeyUsage(True, False, False, False, False, False, False, False, False)
+START, END = datetime(2024, 1, 1, tzinfo=UTC), datetime(2034, 1, 1, tzinfo=UTC)
+FWID = bytes(range(48))
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _ca(cn: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(START)
+        .not_valid_after(END)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(KEY_CERT_SIGN, critical=True)
+        .sign(key, hashes.SHA384())
+    )
+    return cert, key
+
+
+def _dice_tcb_info(fwid: bytes) -> bytes:
+    """SEQUENCE { SEQUENCE { OID sha384, OCTET STRING fwid } }: the FWID is the last 48 bytes."""
+    sha384 = bytes.fromhex("0609608648016503040202")
+    inner = sha384 + b"\x04\x30" + fwid
+    return b"\x30" + bytes([len(inner) + 2]) + b"\x30" + bytes([len(inner)]) + inner
+
+
+def _leaf(
+    root: x509.Certificate, root_key: ec.EllipticCurvePrivateKey, fwid: bytes = FWID
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP384R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("Test GPU FMC LF"))
+        .issuer_name(root.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(START)
+        .not_valid_after(END)
+        .add_extension(DIGITAL_SIGNATURE, critical=True)
+        .add_extension(
+            x509.UnrecognizedExtension(TCG_DICE_FWID_OID, _dice_tcb_info(fwid)), critical=False
+        )
+        .sign(root_key, hashes.SHA384())
+    )
+    return cert, key
+
+
+def _tlv(kind: int, value: bytes) -> bytes:
+    return kind.to_bytes(2, "little") + len(value).to_bytes(2, "little") + value
+
+
+def _evidence(
+    key: ec.EllipticCurvePrivateKey,
+    *,
+    nonce: bytes = bytes(range(32)),
+    blocks: tuple[tuple[int, bytes], ...] = ((1, b"\xaa" * 48), (2, b"\xbb" * 48)),
+    opaque: bytes | None = None,
+    spec: int = 1,
+    request_code: int = 0xE0,
+    response_code: int = 0x60,
+    trailing: bytes = b"",
+) -> bytes:
+    request = bytes([0x11, request_code, 0x01, 0xFF]) + nonce + b"\x00"
+    record = b"".join(
+        bytes([index, spec])
+        + (len(value) + 3).to_bytes(2, "little")
+        + b"\x01"
+        + len(value).to_bytes(2, "little")
+        + value
+        for index, value in blocks
+    )
+    if opaque is None:
+        opaque = (
+            _tlv(6, bytes.fromhex("009f009601000000"))
+            + _tlv(3, b"550.90.07\x00")
+            + _tlv(17, b"1010\x00")
+            + _tlv(20, FWID)
+        )
+    response = (
+        bytes([0x11, response_code, 0, 0, len(blocks)])
+        + len(record).to_bytes(3, "little")
+        + record
+        + b"\x5a" * 32
+        + len(opaque).to_bytes(2, "little")
+        + opaque
+    )
+    r, s = decode_dss_signature(key.sign(request + response, ec.ECDSA(hashes.SHA384())))
+    return request + response + r.to_bytes(48, "big") + s.to_bytes(48, "big") + trailing
+
+
+@pytest.fixture(scope="module")
+def device() -> tuple[bytes, bytes, ec.EllipticCurvePrivateKey]:
+    """A generated root (PEM), the leaf + root chain (PEM) and the leaf's key."""
+    root, root_key = _ca("Test Device Identity CA")
+    leaf, key = _leaf(root, root_key)
+    chain = leaf.public_bytes(Encoding.PEM) + root.public_bytes(Encoding.PEM)
+    return root.public_bytes(Encoding.PEM), chain, key
+
+
+def test_generated_evidence_accepts_with_its_trusted_root(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    verdict = verify_nvidia(
+        _evidence(key), chain, now=NOW, nonce=bytes(range(32)), trusted_root=root
+    )
+    assert verdict.accepted, [c.line() for c in verdict.failed]
+    assert verdict.facts["measurements"] == {"1": "aa" * 48, "2": "bb" * 48}
+    assert verdict.facts["vbios_version"] == "96.00.9F.00.01"
+    assert verdict.facts["project"] == "1010"
+    assert verdict.facts["fwid"] == FWID.hex()
+
+
+def test_generated_evidence_without_the_pin_rejects(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    _, chain, key = device
+    verdict = verify_nvidia(_evidence(key), chain, now=NOW)
+    assert [c.name for c in verdict.failed] == ["chain.root_pinned"]
+    assert NVIDIA_DEVICE_ROOT_SPKI_SHA256 in _check(verdict, "chain.root_pinned").detail
+
+
+def test_root_given_only_as_trusted_root(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    leaf_only = chain[: chain.index(b"-----END CERTIFICATE-----") + 26]
+    verdict = verify_nvidia(_evidence(key), leaf_only, now=NOW, trusted_root=root)
+    assert verdict.accepted
+    assert len(verdict.facts["chain"]) == 2
+
+
+def test_generated_fwid_mismatch_rejects(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    opaque = _tlv(3, b"550.90.07\x00") + _tlv(20, bytes(48))
+    verdict = verify_nvidia(_evidence(key, opaque=opaque), chain, now=NOW, trusted_root=root)
+    assert [c.name for c in verdict.failed] == ["fwid"]
+    no_fwid = verify_nvidia(
+        _evidence(key, opaque=_tlv(3, b"1\x00")), chain, now=NOW, trusted_root=root
+    )
+    assert [c.name for c in no_fwid.failed] == ["fwid"]
+
+
+def test_generated_expired_chain_rejects(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    late = END + timedelta(days=1)
+    verdict = verify_nvidia(_evidence(key), chain, now=late, trusted_root=root)
+    assert [c.name for c in verdict.failed] == ["chain.validity"]
+
+
+def test_a_leaf_signed_by_another_key_breaks_the_chain(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, _, _ = device
+    root_cert = x509.load_pem_x509_certificate(root)
+    impostor_key = ec.generate_private_key(ec.SECP384R1())
+    leaf, key = _leaf(root_cert, impostor_key)  # names the root as issuer; not signed by it
+    chain = leaf.public_bytes(Encoding.PEM) + root
+    verdict = verify_nvidia(_evidence(key), chain, now=NOW, trusted_root=root)
+    assert _check(verdict, "chain").ok is False
+    assert "does not verify" in _check(verdict, "chain").detail
+
+
+def test_unparseable_certificates_reject(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, _, key = device
+    verdict = verify_nvidia(_evidence(key), b"not a certificate", now=NOW, trusted_root=root)
+    assert not verdict.accepted
+    assert _check(verdict, "chain").ok is False
+    assert _check(verdict, "report_signature").ok is False
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"request_code": 0xE1}, "request.code"),
+        ({"response_code": 0x61}, "response.code"),
+        ({"spec": 2}, "measurement specification"),
+        ({"blocks": ((1, b"x"), (1, b"y"))}, "appears twice"),
+        ({"opaque": _tlv(3, b"a") + _tlv(3, b"b")}, "DRIVER_VERSION"),
+        ({"opaque": _tlv(3, b"abc")[:-1]}, "opaque data"),
+        ({"trailing": b"\x00\x01"}, "trailing bytes"),
+    ],
+)
+def test_malformed_evidence_names_the_field(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey], change: dict[str, Any], field: str
+) -> None:
+    _, _, key = device
+    with pytest.raises(ValueError, match=re.escape(field)):
+        parse_nvidia_evidence(_evidence(key, **change))
+
+
+def test_malformed_header_fields() -> None:
+    with pytest.raises(ValueError, match="request:"):
+        parse_nvidia_evidence(b"\x11\xe0")
+    with pytest.raises(ValueError, match=r"request\.version"):
+        parse_nvidia_evidence(bytes([0x13, 0xE0, 1, 0xFF]) + bytes(33))
+    with pytest.raises(ValueError, match=r"request\.param1"):
+        parse_nvidia_evidence(bytes([0x11, 0xE0, 0, 0xFF]) + bytes(33))
+    with pytest.raises(ValueError, match="no MEASUREMENTS response"):
+        parse_nvidia_evidence(bytes([0x11, 0xE0, 1, 0xFF]) + bytes(33))
+    with pytest.raises(ValueError, match="odd number"):
+        parse_nvidia_evidence(b"11e0f")
+
+
+def test_naive_time_is_refused(device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey]) -> None:
+    root, chain, key = device
+    with pytest.raises(ValueError, match="now"):
+        verify_nvidia(_evidence(key), chain, now=datetime(2025, 1, 1), trusted_root=root)
+
+
+def test_vbios_format() -> None:
+    assert format_vbios_version(bytes.fromhex("009f009601000000")) == "96.00.9F.00.01"
+    assert format_vbios_version(bytes.fromhex("007400961a000000")) == "96.00.74.00.1A"
+
+
+def test_a_bad_trusted_root_is_a_value_error(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    _, chain, key = device
+    with pytest.raises(ValueError, match="trusted_root"):
+        verify_nvidia(_evidence(key), chain, now=NOW, trusted_root=b"junk")
