@@ -86,8 +86,10 @@ def verify_evidence(
     collateral: bytes | None,
     now: datetime,
     nonce: bytes | None = None,
+    online: bool = False,
 ) -> Verdict:
-    """Verify one piece of evidence with the verifier for its kind."""
+    """Verify one piece of evidence with the verifier for its kind (``online``: also the
+    steps that need the vendor's services: the GPU's RIMs and OCSP)."""
     if kind == "snp":
         from attestation.snp import verify_snp
 
@@ -103,7 +105,7 @@ def verify_evidence(
 
     if not certs:
         raise CertsNeeded("NVIDIA evidence needs its certificate chain")
-    return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce)
+    return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce, online=online)
 
 
 def _print(verdict: Verdict, as_json: bool) -> None:
@@ -142,6 +144,9 @@ def attest_verify(
     now: Annotated[
         str | None, typer.Option(help="verification time, RFC 3339 (default: now)")
     ] = None,
+    online: Annotated[
+        bool, typer.Option("--online", help="also the online steps (GPU RIMs, OCSP)")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Verify attestation evidence; one line per check, then the verdict."""
@@ -186,7 +191,7 @@ def attest_verify(
     which = cast(EvidenceKind, kind)
     try:
         verdict = verify_evidence(
-            which, data, certs=blobs, collateral=extra, now=when, nonce=expected
+            which, data, certs=blobs, collateral=extra, now=when, nonce=expected, online=online
         )
     except CertsNeeded as exc:
         raise typer.BadParameter(str(exc), param_hint="--certs") from None

@@ -175,3 +175,39 @@ def test_published_checks_name_what_was_promised(tmp_path: Path) -> None:
     gpu = check_published(Verdict("nvidia", facts={}), promised)
     assert gpu.checks[-1].ok is None  # nothing published: not checked, not passed
     del key
+
+
+def test_verify_snp_and_tdx_vectors_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    snp, tdx = VECTORS / "amd-sev-snp", VECTORS / "intel-tdx" / "dcap-qvl"
+    if not snp.is_dir() or not tdx.is_dir():
+        reason = f"{VECTORS} is absent: the public attestation vectors live in ../shared/vectors"
+        print(reason)
+        pytest.skip(reason)
+    virtee = snp / "virtee-sev"
+    args = ["attest", "verify", "--kind", "snp", "--evidence", str(virtee / "report_milan.hex"),
+            "--certs", str(virtee / "vcek_milan.der"), "--certs", str(virtee / "cert_chain_milan.pem"),
+            "--now", "2025-06-01T00:00:00Z", "--json"]  # fmt: skip
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["facts"]["version"] == 2
+    gsg = snp / "go-sev-guest"  # genuine, but a debug guest: the default policy refuses it
+    args = ["attest", "verify", "--kind", "snp", "--evidence", str(gsg / "attestation.bin"),
+            "--certs", str(gsg / "vcek.der"), "--certs", str(gsg / "ask_ark_milan.pem"),
+            "--now", "2025-06-01T00:00:00Z"]  # fmt: skip
+    assert main(args) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [x.split(":")[0] for x in lines if x.startswith("FAIL")] == ["FAIL policy.debug"]
+    quote = tdx / "tdx_quote"
+    args = ["attest", "verify", "--kind", "tdx", "--evidence", str(quote),
+            "--collateral", str(tdx / "tdx_quote_collateral.json"),
+            "--now", "2025-07-01T00:00:00Z"]  # fmt: skip
+    assert main(args) == 0
+    assert "ok   policy.tcb_status: TCB UpToDate" in capsys.readouterr().out
+    assert main([*args[:-2], "--now", "2026-01-01T00:00:00Z"]) == 1  # the collateral expired
+
+
+def test_online_says_what_it_could_not_do_here(
+    nv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_verify(nv, "--online", "--json")) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert checks["ocsp"]["ok"] is None and "no network" in checks["ocsp"]["detail"]
