@@ -176,11 +176,10 @@ def _demo(home_dir: Path, report_path: Path) -> int:
     _say(
         f"                   (add --against for each checkpoint kept in {home.root / 'checkpoints' / stream})"
     )
+    _say(f"  open the panel   affidavit panel --home {home.root}")
     _say(
-        f"  open the panel   affidavit up --home {home.root}, then open its panel at the proxy's host"
-    )
-    _say(
-        f"                   (the panel is not built yet: `affidavit session show {stream} --home {home.root}`)"
+        "                   (it prints a URL with its access token; for its Replay button run "
+        f"`affidavit up --home {home.root}` first)"
     )
     _say(f"\ndemo {'ok' if ok else 'FAILED'} in {time.monotonic() - started:.1f} s")
     return 0 if ok else 1

@@ -66,7 +66,8 @@ def test_demo_exits_0_with_every_step_identical_and_writes_its_report(demo: Demo
     verdicts = [x for x in lines if x.startswith("Replay of turn 0, step")]
     assert len(verdicts) == 3 and all("differs" not in x for x in verdicts)
     assert "the web served 0 pages during the replay" in demo.stdout
-    assert "affidavit log verify" in demo.stdout and lines[-1].startswith("demo ok in ")
+    assert "affidavit log verify" in demo.stdout and "affidavit panel --home" in demo.stdout
+    assert lines[-1].startswith("demo ok in ")
 
 
 def test_the_demo_record_verifies_against_the_checkpoints_it_kept(demo: DemoRun) -> None:
