@@ -34,7 +34,7 @@ the last, so a turn is N model steps and N - 1 tool calls through the proxy. Per
   opening; validating the bodies), ``turn_setup``, building the in-process pipeline,
   making the SDK client, serving each model step from the record (the proxy's pipeline),
   answering each tool call from the record, the ``openai`` SDK's request-params transform
-  and its stream parsing (``harness.agent._collect``), and the rest (the agent loop, the
+  and its stream parsing (``harness.model_api._collect_openai``), and the rest (the agent loop, the
   SDK's request building and sending). The probes add about a microsecond a call; the
   headline figures come from runs without them.
 
@@ -142,7 +142,7 @@ PROBES: tuple[tuple[str, str, str], ...] = (
     ("harness.reconstruct", "_PipelineTransport.handle_request", "model steps (pipeline)"),
     ("harness.reconstruct", "RecordToolbox.call", "tool calls (record)"),
     ("openai.resources.chat.completions.completions", "maybe_transform", "sdk: request params"),
-    ("harness.agent", "_collect", "sdk: stream parsing"),
+    ("harness.model_api", "_collect_openai", "sdk: stream parsing"),
 )
 READ_PARTS = tuple(part for _, _, part in PROBES if part.startswith("read_bodies"))
 REST = "rest: agent loop, sdk send"
@@ -511,8 +511,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         "breakdown: each part's own time (nested probes subtracted), median of the probed runs; "
-        "sdk: the openai SDK's request-params transform and its stream parsing (harness.agent."
-        "_collect); rest: the agent loop and the SDK's request building and sending"
+        "sdk: the openai SDK's request-params transform and its stream parsing (harness.model_api."
+        "_collect_openai); rest: the agent loop and the SDK's request building and sending"
     )
     print(f"cores: {cores}; mode: {figures['run']['mode']}; {figures['run']['seconds']:.1f} s")
     if args.quick:

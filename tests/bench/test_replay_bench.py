@@ -49,3 +49,6 @@ def test_replay_quick_prints_two_tables_and_a_json_line() -> None:
     rows = [line.split("|")[0].strip() for line in lines if line.split("|")[0].strip().isdigit()]
     assert rows == ["1", "2", "4"]
     assert any(line.startswith("goal (10-step turn reconstructed): not measured") for line in lines)
+    # every probe still finds what it times: a rename would quietly zero a row otherwise
+    for parts in report["breakdown_ms"].values():
+        assert parts["sdk: stream parsing"] > 0 and parts["model steps (pipeline)"] > 0
