@@ -4,8 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # Debian packages the test suite drives for real: strace (fsync before each acknowledgement),
 # nftables and iproute2 (the harness network rules, loaded into namespaces), chromium (the
-# panel's browser tests drive it through Playwright, headless; never Playwright's download).
-APT_PACKAGES := strace nftables iproute2 chromium
+# panel's browser tests drive it through Playwright, headless; never Playwright's download),
+# cryptsetup-bin (veritysetup: the Python dm-verity tree is checked against it).
+APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin
 
 .PHONY: demo test lint typecheck unit bench fuzz system-deps clean
 

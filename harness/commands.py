@@ -419,6 +419,9 @@ def register(app: typer.Typer) -> None:
     from harness.panel import cli as panel_cli
 
     panel_cli.register(app)
+    from enclave_image import cli as image_cli
+
+    image_cli.register(app)
 
 
 def _print_result(doc: dict[str, Any], as_json: bool) -> None:
