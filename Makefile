@@ -5,8 +5,9 @@ BIN    := $(VENV)/bin
 # Debian packages the test suite drives for real: strace (fsync before each acknowledgement),
 # nftables and iproute2 (the harness network rules, loaded into namespaces), chromium (the
 # panel's browser tests drive it through Playwright, headless; never Playwright's download),
-# cryptsetup-bin (veritysetup: the Python dm-verity tree is checked against it).
-APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin
+# cryptsetup-bin (veritysetup: the Python dm-verity tree is checked against it), cpio (the
+# initrd writer's archives are extracted by the real tool).
+APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio
 
 .PHONY: demo test lint typecheck unit bench fuzz system-deps clean
 

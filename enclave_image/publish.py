@@ -1,0 +1,277 @@
+"""Measure a built image and publish what it promises: ``measurements/<version>.json`` + ``.sig``.
+
+An image folder holds what the VMM boots directly: ``vmlinuz`` (the kernel), ``initrd.img``
+and ``cmdline.txt`` (the kernel command line; one trailing newline is dropped), and
+optionally ``model-weights.sha256`` (the model disk's digest: ``sha256:<hex>``, bare hex, or
+a ``sha256sum`` line). From it and the pinned OVMF, :func:`measure_image` computes the
+SEV-SNP launch measurement for each vCPU count and type asked (``attestation.measure.
+launch_digest``: QEMU, guest features 0x1) and builds the published document of
+``attestation.published``; :func:`write_published` writes it with its detached Ed25519
+signature (``attestation.published.sign_published``).
+
+``image_digest`` is defined here, framed so that no two different triples hash alike::
+
+    sha256("affidavit/image/v1" 0x00
+           || u64be(len(kernel)) || kernel
+           || u64be(len(initrd)) || initrd
+           || u64be(len(cmdline)) || cmdline (UTF-8))
+
+The release private key is read from a file outside the repository, either PEM (PKCS#8,
+unencrypted, as ``openssl genpkey -algorithm ed25519`` writes it) or base64 of the raw
+32-byte seed (the form ``measurements/release.pub`` uses for the public key). This module
+never generates a release key and never writes one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from attestation.measure import launch_digest
+from attestation.published import FORMAT, Published, load_published, sign_published
+
+__all__ = [
+    "CMDLINE",
+    "IMAGE_DOMAIN",
+    "INITRD",
+    "KERNEL",
+    "WEIGHTS",
+    "ImageInputs",
+    "MissingInput",
+    "Publication",
+    "PublishError",
+    "image_digest",
+    "measure_image",
+    "public_key_text",
+    "read_image_dir",
+    "read_private_key",
+    "write_published",
+]
+
+KERNEL, INITRD, CMDLINE, WEIGHTS = "vmlinuz", "initrd.img", "cmdline.txt", "model-weights.sha256"
+#: The domain separator of :func:`image_digest`.
+IMAGE_DOMAIN = b"affidavit/image/v1\0"
+_VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]*$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+
+
+class PublishError(ValueError):
+    """An image, key or argument that cannot be published, saying why."""
+
+
+class MissingInput(PublishError):
+    """An input file that is not there (the CLI exits 3)."""
+
+
+@dataclass(frozen=True)
+class ImageInputs:
+    """What an image folder holds, read and checked."""
+
+    kernel: Path
+    initrd: Path
+    cmdline: str
+    weights_digest: str | None
+
+
+@dataclass(frozen=True)
+class Publication:
+    """What :func:`write_published` wrote."""
+
+    path: Path
+    signature: Path
+    published: Published
+    public_key: str
+
+
+def _file_digest(path: Path, h: hashlib._Hash) -> None:
+    h.update(struct.pack(">Q", path.stat().st_size))
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+
+
+def image_digest(kernel: Path, initrd: Path, cmdline: str) -> str:
+    """``sha256:<hex>`` over the framed kernel, initrd and command line (module docstring)."""
+    h = hashlib.sha256(IMAGE_DOMAIN)
+    _file_digest(kernel, h)
+    _file_digest(initrd, h)
+    line = cmdline.encode("utf-8")
+    h.update(struct.pack(">Q", len(line)) + line)
+    return f"sha256:{h.hexdigest()}"
+
+
+def _weights(text: str, where: str) -> str:
+    words = text.split()
+    token = words[0].lower() if words else ""
+    token = token.removeprefix("sha256:")
+    if not _HEX64.fullmatch(token):
+        raise PublishError(f"{where}: {text.strip()[:80]!r} is not a sha256 digest")
+    return f"sha256:{token}"
+
+
+def read_image_dir(folder: Path | str) -> ImageInputs:
+    """The kernel, initrd, command line and (if there) weights digest of an image folder.
+
+    Raises:
+        MissingInput: the folder, ``vmlinuz``, ``initrd.img`` or ``cmdline.txt`` is missing.
+        PublishError: a command line with a newline or NUL inside, a bad weights digest.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise MissingInput(f"{folder} is not an image folder")
+    paths = {name: folder / name for name in (KERNEL, INITRD, CMDLINE)}
+    for path in paths.values():
+        if not path.is_file():
+            raise MissingInput(f"{path} is missing (an image folder holds {', '.join(paths)})")
+    try:
+        cmdline = paths[CMDLINE].read_text(encoding="utf-8").removesuffix("\n")
+    except UnicodeDecodeError as exc:
+        raise PublishError(f"{paths[CMDLINE]} is not UTF-8: {exc}") from None
+    if "\n" in cmdline or "\0" in cmdline:
+        raise PublishError(f"{paths[CMDLINE]}: the command line is one line without NUL")
+    weights_file = folder / WEIGHTS
+    weights = (
+        _weights(weights_file.read_text(encoding="utf-8"), str(weights_file))
+        if weights_file.is_file()
+        else None
+    )
+    return ImageInputs(paths[KERNEL], paths[INITRD], cmdline, weights)
+
+
+def read_private_key(path: Path | str) -> Ed25519PrivateKey:
+    """The Ed25519 release key in ``path``: PEM (PKCS#8, unencrypted) or base64 of 32 bytes."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MissingInput(f"release key {path} is missing") from None
+    except OSError as exc:
+        raise PublishError(f"release key {path}: {exc.strerror or exc}") from None
+    try:
+        if data.lstrip().startswith(b"-----BEGIN"):
+            key = serialization.load_pem_private_key(data, password=None)
+            if not isinstance(key, Ed25519PrivateKey):
+                raise ValueError(f"a {type(key).__name__}, not an Ed25519 key")
+            return key
+        raw = base64.b64decode(data.strip(), validate=True)
+        return Ed25519PrivateKey.from_private_bytes(raw)
+    except (ValueError, TypeError, binascii.Error) as exc:
+        raise PublishError(
+            f"release key {path}: not an Ed25519 private key (PEM, or base64 of 32 bytes): {exc}"
+        ) from None
+
+
+def public_key_text(key: Ed25519PrivateKey) -> str:
+    """The public half as ``measurements/release.pub`` holds it: base64 of the raw 32 bytes."""
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def measure_image(
+    inputs: ImageInputs,
+    *,
+    ovmf: Path | str,
+    launches: Sequence[tuple[int, str]],
+    version: str,
+    weights_digest: str | None = None,
+) -> Published:
+    """The published document for an image: its digests and one SNP measurement per launch.
+
+    Args:
+        inputs: from :func:`read_image_dir`.
+        ovmf: the pinned firmware (with the SEV kernel-hashes table: the AmdSev build).
+        launches: (vCPU count, QEMU vCPU type) pairs, each measured.
+        version: the release, also the file's name (letters, digits, ``._+-``).
+        weights_digest: the model weights' digest when the folder has none; when both are
+            given they must agree.
+
+    Raises:
+        MissingInput: no OVMF file.
+        PublishError: a bad version, no launches, no or conflicting weights digest.
+        attestation.measure.MeasureError: the firmware cannot measure the kernel, a bad vCPU
+            type or count.
+    """
+    if not _VERSION.fullmatch(version):
+        raise PublishError(f"version {version!r}: letters, digits and ._+- only")
+    if not launches:
+        raise PublishError("no launch to measure: give at least one vCPU count and type")
+    ovmf = Path(ovmf)
+    if not ovmf.is_file():
+        raise MissingInput(f"ovmf {ovmf} is missing")
+    given = _weights(weights_digest, "--weights-digest") if weights_digest else None
+    if given and inputs.weights_digest and given != inputs.weights_digest:
+        raise PublishError(
+            f"--weights-digest {given} disagrees with the image's {WEIGHTS} {inputs.weights_digest}"
+        )
+    weights = inputs.weights_digest or given
+    if weights is None:
+        raise PublishError(f"the image has no {WEIGHTS}: give --weights-digest")
+    snp = [
+        {
+            "vcpus": vcpus,
+            "vcpu_type": vcpu_type,
+            "measurement": launch_digest(
+                ovmf,
+                mode="snp",
+                vcpus=vcpus,
+                vcpu_type=vcpu_type,
+                kernel=inputs.kernel,
+                initrd=inputs.initrd,
+                append=inputs.cmdline,
+            ),
+        }
+        for vcpus, vcpu_type in launches
+    ]
+    return Published.model_validate(
+        {
+            "format": FORMAT,
+            "version": version,
+            "image_digest": image_digest(inputs.kernel, inputs.initrd, inputs.cmdline),
+            "model_weights_digest": weights,
+            "kernel_cmdline": inputs.cmdline,
+            "firmware": {"ovmf_sha256": _sha256_file(ovmf)},
+            "snp": snp,
+        }
+    )
+
+
+def write_published(
+    published: Published, out_dir: Path | str, key: Ed25519PrivateKey, *, replace: bool = False
+) -> Publication:
+    """Write ``<out_dir>/<version>.json`` and its ``.sig``; check them back with the key.
+
+    Raises:
+        PublishError: the file exists and ``replace`` is false (a release is not rewritten
+            by accident).
+    """
+    out = Path(out_dir)
+    path = out / f"{published.version}.json"
+    sig = path.with_name(path.name + ".sig")
+    if path.exists() and not replace:
+        raise PublishError(f"{path} exists: a published release is not replaced (--replace)")
+    doc = published.model_dump(mode="json", exclude_defaults=True)
+    data = (json.dumps(doc, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    sig.write_text(sign_published(data, key), encoding="ascii")
+    loaded = load_published(path, key.public_key(), sig)  # what an auditor will run
+    return Publication(path, sig, loaded, public_key_text(key))

@@ -1,0 +1,198 @@
+"""``affidavit image measure`` end to end: a tiny image folder (a fake kernel, a real initrd
+from ``enclave_image.initrd``) measured against the sev-snp-measure OVMF vector, published
+and signed with a throwaway key, then read back the way ``affidavit attest verify
+--published`` reads it; its measurement equals ``launch_digest`` computed directly."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from attestation.measure import launch_digest
+from attestation.published import (
+    SignatureMismatch,
+    check_published,
+    load_published,
+    read_public_key,
+)
+from attestation.verdict import Verdict
+from enclave_image.initrd import write_initrd
+from enclave_image.publish import (
+    PublishError,
+    image_digest,
+    measure_image,
+    read_image_dir,
+    read_private_key,
+)
+from harness.cli import main
+
+OVMF = (
+    Path(__file__).resolve().parents[2].parent
+    / "shared/vectors/attestation/measurement/sev-snp-measure/ovmf_AmdSev_suffix.bin"
+)
+CMDLINE = "console=ttyS0 root=/dev/dm-0 ro"
+WEIGHTS = "ab" * 32
+
+
+@pytest.fixture
+def ovmf() -> Path:
+    if not OVMF.is_file():
+        reason = f"{OVMF} is absent: the sev-snp-measure vectors live in ../shared/vectors"
+        print(reason)
+        pytest.skip(reason)
+    return OVMF
+
+
+def make_image(folder: Path, *, weights: bool = True) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "vmlinuz").write_bytes(b"MZ not really a kernel\0" * 100)
+    tree = folder.parent / f"{folder.name}-tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin/init").write_text("#!/bin/sh\n")
+    write_initrd(tree, folder / "initrd.img", epoch=0)
+    (folder / "cmdline.txt").write_text(CMDLINE + "\n")
+    if weights:
+        (folder / "model-weights.sha256").write_text(f"{WEIGHTS}  model.safetensors\n")
+    return folder
+
+
+def write_key(path: Path, form: str) -> Ed25519PrivateKey:
+    key = Ed25519PrivateKey.generate()  # throwaway: the release key never enters the repo
+    if form == "pem":
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    else:
+        raw = key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        path.write_text(base64.b64encode(raw).decode() + "\n")
+    return key
+
+
+@pytest.mark.parametrize("form", ["pem", "raw-base64"])
+def test_measure_publishes_what_attest_verify_accepts(
+    tmp_path: Path, ovmf: Path, form: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    image = make_image(tmp_path / "image")
+    key = write_key(tmp_path / "release.key", form)
+    out = tmp_path / "measurements"
+    argv = ["image", "measure", str(image), "--ovmf", str(ovmf), "--vcpus", "1", "--vcpus", "4"]
+    argv += ["--vcpu-type", "EPYC-v4", "--version", "0.1.0", "--release-key"]
+    argv += [str(tmp_path / "release.key"), "--out", str(out), "--json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+
+    # what `affidavit attest verify --published FILE --release-key release.pub` does
+    pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    (tmp_path / "release.pub").write_text(base64.b64encode(pub).decode() + "\n")
+    assert printed["release_public_key"] == base64.b64encode(pub).decode()
+    published = load_published(out / "0.1.0.json", read_public_key(tmp_path / "release.pub"))
+
+    assert published.version == "0.1.0" and published.kernel_cmdline == CMDLINE
+    assert published.model_weights_digest == f"sha256:{WEIGHTS}"
+    assert published.firmware == {"ovmf_sha256": hashlib.sha256(ovmf.read_bytes()).hexdigest()}
+    assert [(s.vcpus, s.vcpu_type) for s in published.snp] == [(1, "EPYC-v4"), (4, "EPYC-v4")]
+    for launch in published.snp:
+        direct = launch_digest(
+            ovmf,
+            vcpus=launch.vcpus,
+            vcpu_type="EPYC-v4",
+            kernel=image / "vmlinuz",
+            initrd=image / "initrd.img",
+            append=CMDLINE,
+        )
+        assert launch.measurement == direct
+    assert published.snp[0].measurement != published.snp[1].measurement
+    assert printed["snp"] == [s.model_dump() for s in published.snp]
+
+    # the image digest, as docs/image.md defines it, computed literally
+    framed = b"affidavit/image/v1\0"
+    for part in (
+        (image / "vmlinuz").read_bytes(),
+        (image / "initrd.img").read_bytes(),
+        CMDLINE.encode(),
+    ):
+        framed += struct.pack(">Q", len(part)) + part
+    assert published.image_digest == "sha256:" + hashlib.sha256(framed).hexdigest()
+
+    # a report whose measurement is one of these passes the published.snp check
+    verdict = Verdict(kind="snp", facts={"measurement": published.snp[1].measurement})
+    check_published(verdict, published)
+    assert verdict.accepted
+
+    # a flipped byte is refused; another key is refused
+    data = (out / "0.1.0.json").read_bytes()
+    (out / "0.1.0.json").write_bytes(data.replace(b"0.1.0", b"0.1.1", 1))
+    with pytest.raises(SignatureMismatch):
+        load_published(out / "0.1.0.json", key.public_key())
+    (out / "0.1.0.json").write_bytes(data)
+    with pytest.raises(SignatureMismatch):
+        load_published(out / "0.1.0.json", Ed25519PrivateKey.generate().public_key())
+
+    # a release is not rewritten by accident
+    assert main(argv) == 2
+    assert main([*argv, "--replace"]) == 0
+
+
+def test_weights_digest_option_and_conflicts(tmp_path: Path, ovmf: Path) -> None:
+    bare = read_image_dir(make_image(tmp_path / "bare", weights=False))
+    with pytest.raises(PublishError, match="--weights-digest"):
+        measure_image(bare, ovmf=ovmf, launches=[(1, "EPYC-v4")], version="1")
+    given = measure_image(
+        bare,
+        ovmf=ovmf,
+        launches=[(1, "EPYC-v4")],
+        version="1",
+        weights_digest="sha256:" + "cd" * 32,
+    )
+    assert given.model_weights_digest == "sha256:" + "cd" * 32
+    full = read_image_dir(make_image(tmp_path / "full"))
+    with pytest.raises(PublishError, match="disagrees"):
+        measure_image(
+            full, ovmf=ovmf, launches=[(1, "EPYC-v4")], version="1", weights_digest="cd" * 32
+        )
+    with pytest.raises(PublishError, match="version"):
+        measure_image(full, ovmf=ovmf, launches=[(1, "EPYC-v4")], version="../x")
+
+
+def test_image_digest_is_framed(tmp_path: Path) -> None:
+    for name, data in [("k1", b"ab"), ("i1", b"c"), ("k2", b"a"), ("i2", b"bc")]:
+        (tmp_path / name).write_bytes(data)
+    one = image_digest(tmp_path / "k1", tmp_path / "i1", "x")
+    two = image_digest(tmp_path / "k2", tmp_path / "i2", "x")
+    assert one != two  # kernel||initrd alone would be the same bytes
+
+
+def test_cli_errors(tmp_path: Path, ovmf: Path) -> None:
+    image = make_image(tmp_path / "image")
+    write_key(tmp_path / "k", "pem")
+    base = ["image", "measure", str(image), "--ovmf", str(ovmf), "--vcpus", "2"]
+    base += ["--vcpu-type", "EPYC-v4", "--version", "1", "--out", str(tmp_path / "m")]
+    assert main([*base, "--release-key", str(tmp_path / "absent")]) == 3
+    (tmp_path / "bad").write_text("not a key\n")
+    assert main([*base, "--release-key", str(tmp_path / "bad")]) == 2
+    with pytest.raises(PublishError):
+        read_private_key(tmp_path / "bad")
+    assert main([*base, "--release-key", str(tmp_path / "k"), "--vcpu-type", "Pentium"]) == 2
+    (image / "cmdline.txt").unlink()
+    assert main([*base, "--release-key", str(tmp_path / "k")]) == 3
+    assert not (tmp_path / "m").exists()
+    missing_ovmf = [*base[:4], str(tmp_path / "no-ovmf"), *base[5:]]
+    (image / "cmdline.txt").write_text("a\nb\n")
+    assert main([*missing_ovmf, "--release-key", str(tmp_path / "k")]) == 2  # cmdline first
+    (image / "cmdline.txt").write_text("a\n")
+    assert main([*missing_ovmf, "--release-key", str(tmp_path / "k")]) == 3
