@@ -1,14 +1,15 @@
 """The agent loop: model → tool calls → results → model … until an answer or the step limit.
 
-The loop talks to the model with the official ``openai`` SDK, at whatever ``base_url`` and
-HTTP transport it is handed: the proxy's session path (a live turn, a re-execution), or the
-proxy's in-process record-backed pipeline (a reconstruction, the recorded part of a resume).
+The loop talks to the model through its provider's official SDK (``harness.model_api``:
+``openai`` or ``anthropic``), at whatever ``base_url`` and HTTP transport it is handed: the
+proxy's session path (a live turn, a re-execution), or the proxy's in-process record-backed
+pipeline (a reconstruction, the recorded part of a resume).
 It never decides how a call is recorded; it does insist that the proxy's annotation says the
 reply is committed before it runs any tool the reply asked for.
 
 Steps are numbered from 0 and sent to the proxy in ``x-affidavit-turn``/``x-affidavit-step``
 (recorded in the ``model.request``, not part of the request bytes). A ``TurnPolicy`` may fix
-``tool_choice`` per step (the demo asks for ``required`` on its first two steps).
+``tool_choice`` per step (the demo names ``web_search`` on its first two steps).
 """
 
 from __future__ import annotations

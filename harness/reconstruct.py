@@ -1,7 +1,8 @@
 """Reconstruct: re-drive today's harness code with a turn's recorded replies and tool results.
 
-One process, no network, no writes. The agent loop runs unchanged, with the official
-``openai`` client on an HTTP transport that hands each request to the proxy's own pipeline
+One process, no network, no writes. The agent loop runs unchanged, with the session's official
+SDK (``openai`` or ``anthropic``) on an HTTP transport that hands each request to the proxy's
+own pipeline
 built in-process over the record (``egress_proxy.replay.reconstruct_pipeline``: pins, the
 recorded clock, derived tool-call ids, a record-backed transport and no network transport
 object), and with a toolbox that answers every tool call from the record. Each request the
@@ -11,8 +12,8 @@ equal the recorded one byte for byte. The first difference fails the reconstruct
 the step and the record entry.
 
 What the harness reads from the record besides replies and results: the turn's input
-(``turn.started``), the earlier turns' inputs and answers, the session's labels (model name,
-turn policy, search endpoint) and the tool catalogue the turn's first request offered (MCP
+(``turn.started``), the earlier turns' inputs and answers, the session's labels (API, model
+name, turn policy, search endpoint) and the tool catalogue the turn's first request offered (MCP
 ``tools/list`` answers are not recorded; the request that used them is).
 """
 
