@@ -62,13 +62,16 @@ LABEL_POLICY = "affidavit/policy"
 LABEL_SEARCH = "affidavit/search_url"
 
 
-def user_key(home: Home, path: Path | str | None = None) -> KeyPair:
-    """The user's key (``--key``, else the state folder's ``user.key``, made on first use)."""
+def user_key(home: Home, path: Path | str | None = None, *, create: bool = False) -> KeyPair:
+    """The user's key: ``--key``, else the state folder's ``user.key`` (made only when
+    ``create``: opening a session; a command that reads must not invent a key)."""
     if path is not None:
         if not Path(path).is_file():
             raise HomeMissing(f"key file {path} does not exist")
         return KeyPair.read(Path(path))
     if not home.user_key_file.is_file():
+        if not create:
+            raise HomeMissing(f"no key: {home.user_key_file} does not exist (give --key FILE)")
         home.root.mkdir(parents=True, exist_ok=True)
         KeyPair.generate().write(home.user_key_file)
     return KeyPair.read(home.user_key_file)
@@ -92,7 +95,7 @@ def open_session(
 ) -> SessionState:
     """Open a session (sealed to the user's key and ``recipients``) and keep its token."""
     appliance = home.appliance()
-    key = user_key(home)
+    key = user_key(home, create=True)
     every = [key.recipient, *[r for r in recipients if r.text() != key.recipient.text()]]
     all_labels = {
         LABEL_API: appliance.api,

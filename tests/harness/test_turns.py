@@ -323,3 +323,21 @@ def test_resume_of_an_ended_turn_does_nothing_and_a_decision_nobody_waits_for_is
     assert "not waiting for a decision" in capsys.readouterr().err
     assert main(["resume", recorded.session, "--home", home, "--decide", "maybe"]) == 2
     assert len(read_bodies(recorded.store, recorded.session, recorded.key)) == before
+
+
+def test_reconstruct_invents_no_key_and_writes_nothing_to_a_fresh_home(
+    recorded: Recorded, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An auditor's machine: a store copy and no state folder. Without --key it is a missing
+    input (exit 3), and nothing is created; with the key it reconstructs."""
+    copy = tmp_path / "record.db"
+    with sqlite3.connect(recorded.store) as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+    home = tmp_path / "auditor"
+    args = ["replay", recorded.session, "0", "--reconstruct", "--store", str(copy)]
+    assert main([*args, "--home", str(home)]) == 3
+    assert "--key" in capsys.readouterr().err
+    assert not home.exists()
+    key = recorded.rig.home.user_key_file
+    assert main([*args, "--home", str(home), "--key", str(key)]) == 0
+    assert not home.exists()
