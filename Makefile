@@ -6,10 +6,11 @@ BIN    := $(VENV)/bin
 # nftables and iproute2 (the harness network rules, loaded into namespaces), chromium (the
 # panel's browser tests drive it through Playwright, headless; never Playwright's download),
 # cryptsetup-bin (veritysetup: the Python dm-verity tree is checked against it), cpio (the
-# initrd writer's archives are extracted by the real tool).
-APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio
+# initrd writer's archives are extracted by the real tool), qemu-system-x86 and ovmf (the
+# reduced enclave image is booted under TCG with OVMF; its own packages come by apt-get download).
+APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio qemu-system-x86 ovmf
 
-.PHONY: demo test lint typecheck unit bench fuzz system-deps clean
+.PHONY: demo test lint typecheck unit bench fuzz system-deps clean image
 
 # The test and demo environment: the base package plus the engine and dev extras, with the
 # CPU build of torch pinned by constraints.txt (anything newer pulls a multi-GB CUDA build).
@@ -40,6 +41,12 @@ system-deps:
 	  echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
 	fi
+
+# The reduced enclave image into .affidavit/image/ (Debian packages and wheels cached in
+# .affidavit/image-cache), then one boot under QEMU (TCG, OVMF) to its health line.
+IMAGE_OUT ?= .affidavit/image
+image: $(BIN)/.installed system-deps
+	$(BIN)/affidavit image build --profile reduced --out $(IMAGE_OUT) --boot
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_append.py
