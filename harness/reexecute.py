@@ -11,7 +11,6 @@ stops before any tool call, and the verdict names the first differing byte and t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -317,13 +316,12 @@ def _response_bytes(home: Home, stream: str, key: KeyPair, seq: int) -> bytes:
 
 def _pieces(data: bytes) -> list[str]:
     """The reply's tokens as streamed: each content or tool-argument delta, in order."""
+    from egress_proxy.sse import iter_events
+
     pieces: list[str] = []
-    for line in data.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
+    for raw in iter_events(data):
+        event = raw.json()
+        if event is None:
             continue
         for choice in event.get("choices") or []:
             delta = choice.get("delta") or {}

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from egress_proxy.sse import iter_events
 from harness.panel.source import (
     Health,
     Opened,
@@ -89,14 +90,9 @@ def reply_parts(data: bytes | None) -> tuple[str, list[tuple[str, str]]]:
             return text_of(data), []
     text: list[str] = []
     calls: dict[int, list[str]] = {}
-    for line in data.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        try:
-            event = json.loads(line[5:])
-        except ValueError:
-            continue
-        if not isinstance(event, dict):
+    for raw in iter_events(data):
+        event = raw.json()
+        if event is None:
             continue
         for choice in event.get("choices") or []:  # OpenAI chunks
             delta = choice.get("delta") or {} if isinstance(choice, dict) else {}
