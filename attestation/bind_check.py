@@ -13,6 +13,9 @@ whose envelope time is when the evidence was collected. The check:
    of the bundle and one of the stream's recipients (the appliance's sealing key).
 
 Opening ``evidence.archived`` bodies (their kind and file name) needs a recipient key.
+``--trusted-root FILE`` (SEV-SNP) replaces AMD's pinned roots with the ARK(s) in FILE, for a
+rehearsal with a test chain; the output then opens with ``skip trust.amd_roots`` (see
+``attestation.cli``).
 Files are named ``<kind>-<stamp>.report`` / ``.certs.pem`` / ``.collateral.json``.
 """
 
@@ -137,21 +140,56 @@ def _bound_to(log_key: str, recipients: list[str], data: bytes) -> str | None:
 def attest_bind_check(
     bundle: Annotated[Path, typer.Argument(help="an exported bundle directory")],
     key: Annotated[Path, typer.Option(help="a recipient private key of the stream")],
+    trusted_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--trusted-root",
+            help="SEV-SNP: trust the ARK(s) in this PEM INSTEAD of AMD's pinned roots "
+            "(a test chain; the output says so)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Check that a bundle's evidence vouches for the key that signed its checkpoints."""
+    from attestation.cli import read_trusted_roots, verify_evidence
     from record.errors import RecordError
     from record.seal import KeyPair
 
-    if not bundle.is_dir() or not key.is_file():
-        missing = bundle if not bundle.is_dir() else key
-        print(f"affidavit: missing: {missing} does not exist", file=sys.stderr)
-        raise typer.Exit(3)
+    for path, present in ((bundle, bundle.is_dir()), (key, key.is_file())):
+        if not present:
+            print(f"affidavit: missing: {path} does not exist", file=sys.stderr)
+            raise typer.Exit(3)
+    verify: Verifier | None = None
+    notice: list[Check] = []
+    if trusted_root is not None:
+        if not trusted_root.is_file():
+            print(f"affidavit: missing: {trusted_root} does not exist", file=sys.stderr)
+            raise typer.Exit(3)
+        try:
+            trusted = read_trusted_roots(trusted_root)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--trusted-root") from None
+
+        def verify(kind: EvidenceKind, report: bytes, **kwargs: Any) -> Verdict:
+            if kind != "snp":
+                return verify_evidence(kind, report, **kwargs)
+            return verify_evidence(kind, report, trusted=trusted, **kwargs)
+
+        notice = [
+            Check(
+                "trust.amd_roots",
+                None,
+                f"NOT checked: SEV-SNP chains were held to --trusted-root {trusted_root} in "
+                "place of AMD's pinned roots",
+            )
+        ]
     try:
-        checks, _ = check_bundle(bundle, KeyPair.read(key))
+        checks, _ = check_bundle(bundle, KeyPair.read(key), verify=verify)
     except (RecordError, ValueError, OSError) as exc:
         checks = [Check("bundle", False, f"{type(exc).__name__}: {exc}")]
-    ok = all(c.ok for c in checks)
+    checks = notice + checks
+    made = [c for c in checks if c.ok is not None]
+    ok = bool(made) and all(c.ok for c in made)
     if as_json:
         doc = {"verdict": "accept" if ok else "reject", "checks": [c.json() for c in checks]}
         print(json.dumps(doc, indent=2))

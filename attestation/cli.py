@@ -6,21 +6,36 @@ optionally a policy and a signed published-measurements file, and prints one lin
 and the verdict; ``bind-check`` checks that an exported bundle's evidence vouches for the
 key that signed its checkpoints. Exit codes: 0 accept, 1 reject, 2 usage, 3 an input file
 is missing. ``affidavit attest collect`` (inside the appliance) is added by the harness.
+
+Both take ``--trusted-root FILE`` for SEV-SNP: the self-signed ARK certificate(s) in FILE
+replace AMD's pinned roots. It exists to rehearse the whole path with a test chain (the
+auditor guide's test does); the verdict then opens with a ``skip trust.amd_roots`` line
+saying that AMD's roots were NOT checked, and the checks that would name an AMD root name
+the file instead, so a verdict reached that way cannot pass for one against AMD's roots.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, cast
 
 import typer
 
-from attestation.verdict import EvidenceKind, Verdict
+from attestation.verdict import Check, EvidenceKind, Verdict
 
-__all__ = ["parse_now", "read_evidence", "register", "verify_evidence"]
+__all__ = [
+    "TrustedRoots",
+    "mark_trusted_roots",
+    "parse_now",
+    "read_evidence",
+    "read_trusted_roots",
+    "register",
+    "verify_evidence",
+]
 
 EXIT_ACCEPT, EXIT_REJECT, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
 #: Where a release's public key is committed (``measurements/release.pub``).
@@ -52,6 +67,72 @@ def parse_now(text: str | None) -> datetime:
     if when.tzinfo is None:
         raise typer.BadParameter(f"{text!r} has no UTC offset", param_hint="--now")
     return when.astimezone(UTC)
+
+
+class TrustedRoots:
+    """``--trusted-root FILE``: SEV-SNP ARKs to trust INSTEAD of AMD's pinned roots.
+
+    ``roots`` maps the product each ARK names (its subject CN, ``ARK-<product>``) to the
+    SHA-256 of its SubjectPublicKeyInfo, the form ``attestation.snp.verify_snp`` takes.
+    """
+
+    def __init__(self, path: Path, roots: Mapping[str, str]) -> None:
+        self.path = path
+        self.roots = dict(roots)
+
+
+def read_trusted_roots(path: Path) -> TrustedRoots:
+    """The self-signed ARK certificates in ``path`` (PEM or one DER).
+
+    Raises:
+        Missing: no such file.
+        ValueError: no certificate parses, one is not self-issued, or its subject CN is not
+            ``ARK-Milan``, ``ARK-Genoa`` or ``ARK-Turin`` (any other name says which).
+    """
+    from cryptography.x509.oid import NameOID
+
+    from attestation.amd_roots import AMD_ARK_SPKI_SHA256
+    from attestation.certs import load_certs, spki_sha256
+
+    certs = load_certs(_read(path))
+    roots: dict[str, str] = {}
+    for cert in certs:
+        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        cn = str(names[0].value) if names else ""
+        product = cn.removeprefix("ARK-")
+        if cert.subject != cert.issuer:
+            raise ValueError(f"{path}: {cn or cert.subject.rfc4514_string()} is not a root")
+        if not cn.startswith("ARK-") or product not in AMD_ARK_SPKI_SHA256:
+            raise ValueError(
+                f"{path}: {cn!r} is not an ARK name (ARK-{', ARK-'.join(AMD_ARK_SPKI_SHA256)})"
+            )
+        roots[product] = spki_sha256(cert)
+    return TrustedRoots(path, roots)
+
+
+def mark_trusted_roots(verdict: Verdict, trusted: TrustedRoots) -> Verdict:
+    """Say, in the verdict itself, that ``trusted`` replaced AMD's pinned roots.
+
+    A ``trust.amd_roots`` check that was not made (``skip``) goes first, and the details that
+    would say "AMD" of a root trusted from the file say ``--trusted-root`` instead.
+    """
+    products = ", ".join(f"{p} {fp[:16]}…" for p, fp in sorted(trusted.roots.items()))
+    notice = Check(
+        "trust.amd_roots",
+        None,
+        f"NOT checked: the chain was held to --trusted-root {trusted.path} ({products}) "
+        "in place of AMD's pinned roots",
+    )
+    marked = [notice]
+    for check in verdict.checks:
+        if check.name in ("chain.ark_pinned", "vek.product") and check.ok:
+            detail = check.detail.replace("the pinned AMD ", "the --trusted-root ")
+            detail = detail.replace("AMD's ", "the --trusted-root ")
+            check = Check(check.name, check.ok, detail)
+        marked.append(check)
+    verdict.checks = marked
+    verdict.facts["trusted_roots"] = {"file": str(trusted.path), **trusted.roots}
+    return verdict
 
 
 def read_evidence(data: bytes) -> bytes:
@@ -87,16 +168,23 @@ def verify_evidence(
     now: datetime,
     nonce: bytes | None = None,
     online: bool = False,
+    trusted: TrustedRoots | None = None,
 ) -> Verdict:
     """Verify one piece of evidence with the verifier for its kind (``online``: also the
-    steps that need the vendor's services: the GPU's RIMs and OCSP)."""
+    steps that need the vendor's services: the GPU's RIMs and OCSP). ``trusted``
+    (SEV-SNP only) replaces AMD's pinned roots, and the verdict says so."""
     if kind == "snp":
         from attestation.snp import verify_snp
 
         vek, chain = _split_certs(certs)
         if vek is None:
             raise CertsNeeded("no VCEK or VLEK among the certificates")
-        return verify_snp(evidence, vek, chain, now=now)
+        if trusted is None:
+            return verify_snp(evidence, vek, chain, now=now)
+        verdict = verify_snp(evidence, vek, chain, now=now, trusted_roots=trusted.roots)
+        return mark_trusted_roots(verdict, trusted)
+    if trusted is not None:
+        raise ValueError("--trusted-root is for SEV-SNP evidence only")
     if kind == "tdx":
         from attestation.tdx import verify_tdx
 
@@ -147,6 +235,14 @@ def attest_verify(
     online: Annotated[
         bool, typer.Option("--online", help="also the online steps (GPU RIMs, OCSP)")
     ] = False,
+    trusted_root: Annotated[
+        Path | None,
+        typer.Option(
+            "--trusted-root",
+            help="SEV-SNP: trust the ARK(s) in this PEM INSTEAD of AMD's pinned roots "
+            "(a test chain; the verdict says so)",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Verify attestation evidence; one line per check, then the verdict."""
@@ -161,6 +257,8 @@ def attest_verify(
 
     if kind not in ("snp", "tdx", "nvidia"):
         raise typer.BadParameter(f"{kind!r}: snp, tdx or nvidia", param_hint="--kind")
+    if trusted_root is not None and kind != "snp":
+        raise typer.BadParameter("is for --kind snp only", param_hint="--trusted-root")
     when = parse_now(now)
     try:
         expected = bytes.fromhex(nonce) if nonce is not None else None
@@ -170,6 +268,12 @@ def attest_verify(
         data = read_evidence(_read(evidence))
         blobs = [_read(p) for p in certs or []]
         extra = _read(collateral) if collateral is not None else None
+        try:
+            trusted = read_trusted_roots(trusted_root) if trusted_root is not None else None
+        except Missing:
+            raise
+        except ValueError as exc:  # a file that holds no ARK
+            raise typer.BadParameter(str(exc), param_hint="--trusted-root") from None
         rules = load_policy(policy) if policy is not None else Policy()
         if expected is not None and rules.nonce is None and kind != "nvidia":
             # the GPU verifier checks its nonce itself; for SNP and TDX it is report_data's tail
@@ -191,13 +295,22 @@ def attest_verify(
     which = cast(EvidenceKind, kind)
     try:
         verdict = verify_evidence(
-            which, data, certs=blobs, collateral=extra, now=when, nonce=expected, online=online
+            which,
+            data,
+            certs=blobs,
+            collateral=extra,
+            now=when,
+            nonce=expected,
+            online=online,
+            trusted=trusted,
         )
     except CertsNeeded as exc:
         raise typer.BadParameter(str(exc), param_hint="--certs") from None
     except ValueError as exc:  # evidence that does not parse: a rejection, said plainly
         verdict = Verdict(which)
         verdict.add("parse", False, str(exc))
+        if trusted is not None:
+            mark_trusted_roots(verdict, trusted)
     apply_policy(verdict, rules)
     if promised is not None:
         verdict.add("published.signature", True, f"{published} is signed by the release key")

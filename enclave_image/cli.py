@@ -130,17 +130,19 @@ def initrd(
 
 def inputs(
     cache: Annotated[Path, typer.Option("--cache", help="the folder of cached inputs")],
-    lock: Annotated[Path, typer.Option("--lock", help="the lock file")] = Path(
-        "enclave_image/image.lock.json"
-    ),
+    lock: Annotated[
+        Path | None, typer.Option("--lock", help="the lock file (default: enclave_image's)")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """Check every cached build input against the lock file's SHA-256 pins.
 
     Exit 1 names each input missing from the cache or different from its pin.
     """
+    from enclave_image.inputs import LOCK_FILE
     from enclave_image.lock import LockError, load_lock, unpinned, verify_inputs
 
+    lock = lock or LOCK_FILE
     if not lock.is_file():
         raise _missing(f"lock file {lock} does not exist")
     try:
@@ -243,43 +245,142 @@ def measure(
         print(f"snp          {launch.vcpus} x {launch.vcpu_type}  {launch.measurement}")
 
 
+def compare(
+    folder: Annotated[
+        Path,
+        typer.Argument(
+            metavar="DIR", help="the rebuilt image folder: vmlinuz, initrd.img, cmdline[.txt]"
+        ),
+    ],
+    published: Annotated[
+        Path,
+        typer.Argument(metavar="PUBLISHED", help="the release's <version>.json (.sig beside it)"),
+    ],
+    ovmf: Annotated[Path, typer.Option("--ovmf", help="the pinned OVMF (AmdSev build)")],
+    release_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--release-key",
+            help="the release PUBLIC key, base64 (default: measurements/release.pub)",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+) -> None:
+    """Recompute a rebuilt image's digests and launch measurements; compare with a release.
+
+    Checks the published file's signature with the release public key first, then prints
+    one line per compared field (image_digest, kernel_cmdline, model_weights_digest,
+    firmware.ovmf_sha256, each snp launch). Exit 0 when every field matches, 1 when one
+    differs or the signature does not verify. Needs no private key.
+    """
+    from attestation.cli import RELEASE_KEY
+    from attestation.measure import MeasureError
+    from attestation.published import (
+        PublishedError,
+        SignatureMismatch,
+        load_published,
+        read_public_key,
+    )
+    from attestation.verdict import Check
+    from enclave_image.publish import MissingInput, PublishError, compare_image, read_image_dir
+
+    key_path = release_key or RELEASE_KEY
+    for path, what in ((published, "published file"), (key_path, "release public key")):
+        if not path.is_file():
+            raise _missing(f"{what} {path} does not exist")
+    sig = published.with_name(published.name + ".sig")
+    if not sig.is_file():
+        raise _missing(f"signature {sig} does not exist")
+    try:
+        promised = load_published(published, read_public_key(key_path))
+    except SignatureMismatch as exc:  # a problem found: nothing in the file is believed
+        checks = [Check("signature", False, str(exc))]
+    except PublishedError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    else:
+        try:
+            image = read_image_dir(folder)
+            checks = [
+                Check("signature", True, f"{published} is signed by the release key {key_path}"),
+                *compare_image(image, promised, ovmf=ovmf),
+            ]
+        except MissingInput as exc:
+            raise _missing(str(exc)) from None
+        except (PublishError, MeasureError) as exc:
+            raise typer.BadParameter(str(exc)) from None
+    ok = all(c.ok is not False for c in checks)
+    if as_json:
+        doc = {"match": ok, "published": str(published), "checks": [c.json() for c in checks]}
+        print(json.dumps(doc, indent=2))
+    else:
+        for check in checks:
+            print(check.line())
+        version = promised.version if checks[0].ok else str(published)
+        print(
+            f"match: the rebuilt image is what {version} publishes"
+            if ok
+            else f"MISMATCH: the rebuilt image is not what {version} publishes"
+        )
+    if not ok:
+        raise typer.Exit(1)
+
+
 def build(
     out: Annotated[Path, typer.Option("--out", help="the folder for the image (created)")],
-    profile: Annotated[str, typer.Option(help="reduced (proxy + health only) or full")] = "reduced",
+    profile: Annotated[
+        str, typer.Option(help="reduced (proxy + health only) or full (the appliance)")
+    ] = "reduced",
     cache: Annotated[
-        Path, typer.Option(help="where downloaded .deb files and wheels are kept")
+        Path, typer.Option(help="where the pinned .deb files and wheels are kept")
     ] = Path(".affidavit/image-cache"),
+    lock: Annotated[
+        Path | None, typer.Option(help="the lock file (default: the one in enclave_image/)")
+    ] = None,
     epoch: Annotated[
         int | None,
-        typer.Option(help="the initrd's mtimes (default: $SOURCE_DATE_EPOCH, else 0)"),
+        typer.Option(help="every file's mtime (default: $SOURCE_DATE_EPOCH, else 0)"),
     ] = None,
     boot: Annotated[
         bool, typer.Option("--boot", help="then boot it under QEMU (TCG) and wait for health")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
-    """Build the enclave image: vmlinuz, initrd.img, cmdline, model.img and model.verity.
+    """Build the enclave image from the lock's pinned inputs.
 
-    The reduced profile holds busybox, Python, the proxy and a health check that prints
-    'affidavit-proxy healthy …' on the serial console. Needs apt-get, dpkg-deb and pip.
+    Writes vmlinuz, initrd.img, cmdline.txt, model.img + model.verity (full: app.img +
+    app.verity too), model-weights.sha256 and inputs.json. The reduced profile's boot prints
+    'affidavit-proxy healthy …'; the full one's 'affidavit-appliance ready …' (a test boot:
+    a fresh state disk, the test key source, a NIC). Needs apt-get, dpkg-deb, pip and, for
+    full, mksquashfs and the engine extra.
     """
     from enclave_image.build import boot as boot_image
-    from enclave_image.build import build_reduced
+    from enclave_image.build import build_image, trial_boot_options
     from enclave_image.initrd import source_date_epoch
+    from enclave_image.inputs import InputError
+    from enclave_image.lock import LockError
 
-    if profile == "full":
-        print("affidavit: the full profile is not built yet", file=sys.stderr, flush=True)
-        raise typer.Exit(2)
-    if profile != "reduced":
+    if profile not in ("reduced", "full"):
         raise typer.BadParameter(f"{profile!r}: reduced or full", param_hint="--profile")
+    if lock is not None and not lock.is_file():
+        raise _missing(f"lock file {lock} does not exist")
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else print
     try:
-        result = build_reduced(out, cache, epoch=source_date_epoch(epoch))
-    except RuntimeError as exc:
+        result = build_image(
+            out, cache, profile="full" if profile == "full" else "reduced",
+            epoch=source_date_epoch(epoch), lock_file=lock, say=lambda line: say(f"build: {line}"),
+        )  # fmt: skip
+    except LockError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--lock") from None
+    except (RuntimeError, InputError) as exc:
         print(f"affidavit: image build failed: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(1) from None
-    doc: dict[str, object] = {"profile": profile, **result.json()}
+    doc: dict[str, object] = result.json()
     if boot:
-        booted = boot_image(out)
+        with trial_boot_options(result) as options:
+            accepted = options.pop("probe_accepted", None)
+            booted = boot_image(out, say=lambda line: say(f"console: {line}"), **options)
+        if accepted is not None:  # the full profile: only the proxy's uid may reach the host
+            doc["probe_connections"] = len(accepted)
         doc["health"] = booted.health
         doc["boot_seconds"] = round(booted.seconds, 1)
     if as_json:
@@ -289,6 +390,48 @@ def build(
             print(f"{key}: {value}")
     if boot and doc["health"] is None:
         raise typer.Exit(1)
+
+
+def lock_inputs(
+    cache: Annotated[Path, typer.Option(help="where the fetched inputs are kept")] = Path(
+        ".affidavit/image-cache"
+    ),
+    out: Annotated[
+        Path | None, typer.Option(help="the lock to write (default: the one in enclave_image/)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+) -> None:
+    """Pin every build input anew: the mirror's current Debian packages and this
+    environment's wheels, each fetched into the cache and hashed; keeps the lock's OVMF.
+
+    For whoever updates the image's inputs; commit the lock it writes.
+    """
+    from enclave_image.contents import lock_names
+    from enclave_image.inputs import LOCK_FILE, InputError, make_lock, write_lock
+    from enclave_image.lock import LockError, load_lock
+
+    target = out or LOCK_FILE
+    ovmf = None
+    if target.is_file():
+        try:
+            ovmf = load_lock(target).ovmf
+        except LockError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--out") from None
+    try:
+        debs, wheels = lock_names()
+        say = (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else print
+        the_lock = make_lock(cache, debs, wheels, ovmf=ovmf, say=say)
+    except InputError as exc:
+        print(f"affidavit: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
+    write_lock(the_lock, target)
+    if as_json:
+        doc = {"lock": str(target), "debian": len(the_lock.debian), "wheels": len(the_lock.wheels),
+               "ovmf": the_lock.ovmf is not None}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"wrote {target}: {len(the_lock.debian)} Debian packages, "
+              f"{len(the_lock.wheels)} wheels")  # fmt: skip
 
 
 def register(app: typer.Typer) -> typer.Typer:
@@ -301,6 +444,8 @@ def register(app: typer.Typer) -> typer.Typer:
     image_app.command("verity")(verity)
     image_app.command("initrd")(initrd)
     image_app.command("inputs")(inputs)
+    image_app.command("lock")(lock_inputs)
     image_app.command("measure")(measure)
+    image_app.command("compare")(compare)
     image_app.command("build")(build)
     return image_app

@@ -1,13 +1,17 @@
 """Measure a built image and publish what it promises: ``measurements/<version>.json`` + ``.sig``.
 
-An image folder holds what the VMM boots directly: ``vmlinuz`` (the kernel), ``initrd.img``
-and ``cmdline.txt`` (the kernel command line; one trailing newline is dropped), and
-optionally ``model-weights.sha256`` (the model disk's digest: ``sha256:<hex>``, bare hex, or
-a ``sha256sum`` line). From it and the pinned OVMF, :func:`measure_image` computes the
+An image folder (what ``affidavit image build`` writes) holds what the VMM boots directly:
+``vmlinuz`` (the kernel), ``initrd.img`` and ``cmdline.txt`` (the kernel command line; one
+trailing newline is dropped), and optionally
+``model-weights.sha256`` (the model disk's digest: ``sha256:<hex>``, bare hex, or a
+``sha256sum`` line) or else ``model.img`` (the model disk the build writes, hashed). From it
+and the pinned OVMF, :func:`measure_image` computes the
 SEV-SNP launch measurement for each vCPU count and type asked (``attestation.measure.
 launch_digest``: QEMU, guest features 0x1) and builds the published document of
 ``attestation.published``; :func:`write_published` writes it with its detached Ed25519
-signature (``attestation.published.sign_published``).
+signature (``attestation.published.sign_published``). :func:`compare_image` is the
+auditor's direction: it recomputes the same values from a rebuilt image and holds them, field
+by field, against a published file whose signature it checked first.
 
 ``image_digest`` is defined here, framed so that no two different triples hash alike::
 
@@ -39,17 +43,20 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from attestation.measure import launch_digest
 from attestation.published import FORMAT, Published, load_published, sign_published
+from attestation.verdict import Check
 
 __all__ = [
     "CMDLINE",
     "IMAGE_DOMAIN",
     "INITRD",
     "KERNEL",
+    "MODEL_DISK",
     "WEIGHTS",
     "ImageInputs",
     "MissingInput",
     "Publication",
     "PublishError",
+    "compare_image",
     "image_digest",
     "measure_image",
     "public_key_text",
@@ -59,6 +66,8 @@ __all__ = [
 ]
 
 KERNEL, INITRD, CMDLINE, WEIGHTS = "vmlinuz", "initrd.img", "cmdline.txt", "model-weights.sha256"
+#: What ``affidavit image build`` names the command line and the model disk.
+MODEL_DISK = "model.img"
 #: The domain separator of :func:`image_digest`.
 IMAGE_DOMAIN = b"affidavit/image/v1\0"
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]*$")
@@ -123,6 +132,9 @@ def _weights(text: str, where: str) -> str:
 def read_image_dir(folder: Path | str) -> ImageInputs:
     """The kernel, initrd, command line and (if there) weights digest of an image folder.
 
+    The weights digest is ``model-weights.sha256``, else the sha256 of ``model.img``, else
+    None.
+
     Raises:
         MissingInput: the folder, ``vmlinuz``, ``initrd.img`` or ``cmdline.txt`` is missing.
         PublishError: a command line with a newline or NUL inside, a bad weights digest.
@@ -133,7 +145,9 @@ def read_image_dir(folder: Path | str) -> ImageInputs:
     paths = {name: folder / name for name in (KERNEL, INITRD, CMDLINE)}
     for path in paths.values():
         if not path.is_file():
-            raise MissingInput(f"{path} is missing (an image folder holds {', '.join(paths)})")
+            raise MissingInput(
+                f"{path} is missing (an image folder holds {KERNEL}, {INITRD} and {CMDLINE})"
+            )
     try:
         cmdline = paths[CMDLINE].read_text(encoding="utf-8").removesuffix("\n")
     except UnicodeDecodeError as exc:
@@ -141,11 +155,13 @@ def read_image_dir(folder: Path | str) -> ImageInputs:
     if "\n" in cmdline or "\0" in cmdline:
         raise PublishError(f"{paths[CMDLINE]}: the command line is one line without NUL")
     weights_file = folder / WEIGHTS
-    weights = (
-        _weights(weights_file.read_text(encoding="utf-8"), str(weights_file))
-        if weights_file.is_file()
-        else None
-    )
+    disk = folder / MODEL_DISK
+    if weights_file.is_file():
+        weights: str | None = _weights(weights_file.read_text(encoding="utf-8"), str(weights_file))
+    elif disk.is_file():
+        weights = f"sha256:{_sha256_file(disk)}"
+    else:
+        weights = None
     return ImageInputs(paths[KERNEL], paths[INITRD], cmdline, weights)
 
 
@@ -275,3 +291,67 @@ def write_published(
     sig.write_text(sign_published(data, key), encoding="ascii")
     loaded = load_published(path, key.public_key(), sig)  # what an auditor will run
     return Publication(path, sig, loaded, public_key_text(key))
+
+
+def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str) -> list[Check]:
+    """Recompute what ``published`` promises from a rebuilt image; one check per field.
+
+    The fields: ``image_digest``, ``kernel_cmdline``, ``model_weights_digest`` (skipped when
+    the image folder has no weights digest), ``firmware.ovmf_sha256`` (skipped when the file
+    publishes none) and one ``snp[<vcpus> x <type>]`` per published launch, measured with
+    ``ovmf`` for that vCPU count and type exactly as :func:`measure_image` does. The caller
+    checks the file's signature first (``load_published``).
+
+    Raises:
+        MissingInput: no OVMF file.
+        attestation.measure.MeasureError: the firmware cannot measure the kernel, a vCPU type
+            the measurement does not know.
+    """
+    ovmf = Path(ovmf)
+    if not ovmf.is_file():
+        raise MissingInput(f"ovmf {ovmf} is missing")
+
+    def same(name: str, ours: str, theirs: str) -> Check:
+        if ours == theirs:
+            return Check(name, True, ours)
+        return Check(name, False, f"rebuilt {ours}, published {theirs}")
+
+    checks = [
+        same(
+            "image_digest",
+            image_digest(inputs.kernel, inputs.initrd, inputs.cmdline),
+            published.image_digest,
+        ),
+        same("kernel_cmdline", inputs.cmdline, published.kernel_cmdline),
+    ]
+    if inputs.weights_digest is None:
+        checks.append(
+            Check(
+                "model_weights_digest",
+                None,
+                f"not compared: the image folder has no {WEIGHTS} or {MODEL_DISK}",
+            )
+        )
+    else:
+        checks.append(
+            same("model_weights_digest", inputs.weights_digest, published.model_weights_digest)
+        )
+    promised_fw = published.firmware.get("ovmf_sha256")
+    if promised_fw is None:
+        checks.append(Check("firmware.ovmf_sha256", None, "not compared: none is published"))
+    else:
+        checks.append(same("firmware.ovmf_sha256", _sha256_file(ovmf), promised_fw))
+    for launch in published.snp:
+        ours = launch_digest(
+            ovmf,
+            mode="snp",
+            vcpus=launch.vcpus,
+            vcpu_type=launch.vcpu_type,
+            kernel=inputs.kernel,
+            initrd=inputs.initrd,
+            append=inputs.cmdline,
+        )
+        checks.append(same(f"snp[{launch.vcpus} x {launch.vcpu_type}]", ours, launch.measurement))
+    if not published.snp:
+        checks.append(Check("snp", None, f"not compared: {published.version} publishes none"))
+    return checks

@@ -107,7 +107,7 @@ def test_bad_locks_are_refused(tmp_path: Path, mutate: Any, where: str) -> None:
 
 def test_unpinned_sections(tmp_path: Path) -> None:
     (tmp_path / "lock.json").write_text(json.dumps({"format": FORMAT}))
-    assert unpinned(load_lock(tmp_path / "lock.json")) == ["debian", "wheels", "ovmf", "kernel"]
+    assert unpinned(load_lock(tmp_path / "lock.json")) == ["debian", "wheels", "ovmf"]
 
 
 def test_cli(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -196,3 +196,19 @@ def test_cli_errors(tmp_path: Path, ovmf: Path) -> None:
     assert main([*missing_ovmf, "--release-key", str(tmp_path / "k")]) == 2  # cmdline first
     (image / "cmdline.txt").write_text("a\n")
     assert main([*missing_ovmf, "--release-key", str(tmp_path / "k")]) == 3
+
+
+def test_the_release_public_key_is_committed_and_is_what_verify_pins() -> None:
+    """Acceptance 5: the release public key is in the repository (its private half is not:
+    no PEM or raw private key anywhere under measurements/)."""
+    from attestation.cli import RELEASE_KEY
+    from attestation.published import read_public_key
+
+    repo = Path(__file__).resolve().parents[2]
+    assert repo / "measurements" / "release.pub" == RELEASE_KEY
+    key = read_public_key(RELEASE_KEY)
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    assert base64.b64encode(raw).decode() == RELEASE_KEY.read_text().strip()
+    for path in (repo / "measurements").iterdir():
+        text = path.read_bytes()
+        assert b"PRIVATE KEY" not in text, path

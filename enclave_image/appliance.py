@@ -1,0 +1,661 @@
+"""What the full image runs as PID 1: ``python3.11 -m enclave_image.appliance`` (from ``/init``).
+
+In order, one console line per step (``docs/image.md``, "The full profile's guest"):
+
+1. **Network rules**: ``egress_proxy.netrules.render`` with ``proxy_uid``: only the proxy's uid
+   may open a connection that leaves the machine. ``affidavit.probe=HOST:PORT`` proves it.
+2. **State disk**: the key from ``affidavit.keysource`` (``snp``: derived by the AMD-SP;
+   ``test-insecure``: a fixed key, loudly), LUKS2 formatted at first boot, mounted.
+3. **Keys**: the sealing key and the log signing key, born here at first boot and kept on the
+   state disk; ``report_data`` binds their public halves; an SNP report carries it.
+4. **Services**: engine, proxy and harness panel, each under its own uid, supervised.
+5. **Timer**: ``affidavit diverge`` as the harness every 7 days.
+6. **Health**: one ``affidavit-appliance ready …`` line once all three answer; an optional
+   self-test turn; then supervision until SIGTERM/SIGUSR2/the power button, a clean stop
+   (services, unmount, LUKS close) and power-off.
+
+Every path and port is a field of ``GuestLayout`` with the guest's value as default, so the
+tests run each piece on a host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import shlex
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from enclave_image.appliance_disk import DiskError, StateDisk
+from enclave_image.appliance_supervise import Service, Supervisor, WeeklyTimer
+from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_key, snp_report
+
+__all__ = [
+    "BootOptions",
+    "GuestLayout",
+    "Keys",
+    "Refused",
+    "StartError",
+    "main",
+    "network_rules",
+    "parse_cmdline",
+    "prepare_keys",
+    "probe_connect",
+    "ready_line",
+    "run_appliance",
+    "services",
+]
+
+Say = Callable[[str], None]
+
+
+class Refused(Exception):
+    """The appliance will not start as configured (the message says what to change)."""
+
+
+class StartError(Exception):
+    """A step of bringing the appliance up failed."""
+
+
+@dataclass(frozen=True)
+class GuestLayout:
+    """Where everything is. The defaults are the guest's; tests override them."""
+
+    cmdline: Path = Path("/proc/cmdline")
+    state_mount: Path = Path("/var/lib/affidavit")
+    run_dir: Path = Path("/run/affidavit")
+    sev_guest: Path = Path("/dev/sev-guest")
+    model_dir: Path = Path("/opt/model")
+    input_devices: Path = Path("/proc/bus/input/devices")
+    python: str = "python3.11"
+    nft: str = "/usr/sbin/nft"
+    cryptsetup: str = "/sbin/cryptsetup"
+    mke2fs: str = "/sbin/mke2fs"
+    engine_port: int = 8000
+    proxy_port: int = 8700
+    harness_port: int = 8600
+    proxy_uid: int = 1001
+    engine_uid: int = 1002
+    harness_uid: int = 1003
+    switch_users: bool = True  # False: every service runs as this process's uid (tests)
+    model_name: str = "affidavit-tiny"
+    engine_start_timeout: float = 1800.0  # torch under TCG is slow
+    start_timeout: float = 300.0
+    diverge_period: timedelta = timedelta(days=7)
+    diverge_timeout: float = 6 * 3600.0
+    selftest_timeout: float = 1800.0
+    env: dict[str, str] = field(default_factory=dict)  # added to every service's environment
+
+    @property
+    def record_dir(self) -> Path:
+        return self.state_mount / "record"
+
+    @property
+    def home_dir(self) -> Path:
+        return self.state_mount / "home"
+
+    @property
+    def evidence_dir(self) -> Path:
+        return self.state_mount / "evidence"
+
+    @property
+    def timer_file(self) -> Path:
+        return self.state_mount / "diverge-timer.json"
+
+    @property
+    def control_socket(self) -> Path:
+        return self.run_dir / "proxy" / "control.sock"
+
+    def url(self, port: int) -> str:
+        return f"http://127.0.0.1:{port}"
+
+
+# -- the kernel command line -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BootOptions:
+    state: Path
+    keysource: KeySource
+    probe: tuple[str, int] | None = None
+    selftest: bool = False
+
+
+def parse_cmdline(text: str) -> BootOptions:
+    """The ``affidavit.*`` words of ``/proc/cmdline``; ``Refused`` when one is missing or bad.
+
+    No default key source on purpose: a typo must stop the boot, not pick the test key."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = text.split()
+    given: dict[str, str] = {}
+    for word in words:
+        name, sep, value = word.partition("=")
+        if name.startswith("affidavit.") and sep:
+            given[name.removeprefix("affidavit.")] = value
+    state = given.get("state")
+    if not state:
+        raise Refused("no affidavit.state=DEVICE on the kernel command line")
+    source = given.get("keysource")
+    if source is None:
+        raise Refused(
+            f"no affidavit.keysource= on the kernel command line ({'|'.join(KEY_SOURCES)})"
+        )
+    if source not in KEY_SOURCES:
+        raise Refused(f"affidavit.keysource={source}: not one of {'|'.join(KEY_SOURCES)}")
+    probe = None
+    if "probe" in given:
+        host, sep, port = given["probe"].rpartition(":")
+        try:
+            IPv4Address(host)
+            probe = (host, int(port))
+        except ValueError:
+            raise Refused(f"affidavit.probe={given['probe']}: not IPV4:PORT") from None
+        if not sep or not 0 < probe[1] < 65536:
+            raise Refused(f"affidavit.probe={given['probe']}: not IPV4:PORT")
+    selftest = given.get("selftest")
+    if selftest not in (None, "turn"):
+        raise Refused(f"affidavit.selftest={selftest}: the only self-test is `turn`")
+    return BootOptions(Path(state), source, probe, selftest == "turn")
+
+
+# -- 1. network rules --------------------------------------------------------------------------
+
+_CONNECT = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+except OSError as exc:
+    print(exc.strerror or type(exc).__name__); sys.exit(1)
+"""
+
+
+def probe_connect(
+    host: str, port: int, uid: int | None, *, python: str = sys.executable, timeout: float = 5.0
+) -> str | None:
+    """Try a TCP connect as ``uid`` (a child process); None when it connected, else why not."""
+    done = subprocess.run(
+        [python, "-c", _CONNECT, host, str(port), str(timeout)],
+        user=uid,
+        extra_groups=[] if uid is not None else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+        check=False,
+    )
+    if done.returncode == 0:
+        return None
+    if done.stdout.strip():
+        return done.stdout.strip()
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit {done.returncode}"
+
+
+def network_rules(layout: GuestLayout, probe: tuple[str, int] | None, say: Say) -> None:
+    """Load the ruleset (only the proxy's uid may leave the machine); prove it on ``probe``."""
+    from egress_proxy.netrules import TABLE, HarnessRules, render
+
+    rules = HarnessRules(
+        proxy_address=IPv4Address("127.0.0.1"),
+        proxy_ports=(layout.proxy_port,),
+        api_port=layout.harness_port,
+        proxy_uid=layout.proxy_uid,
+    )
+    done = subprocess.run(
+        [layout.nft, "-f", "-"], input=render(rules), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise StartError(f"nft -f - exited {done.returncode}: {done.stderr.strip()}")
+    say(f"netrules: loaded table inet {TABLE}: only uid {layout.proxy_uid} may leave the machine")
+    if probe is None:
+        return
+    host, port = probe
+    target = f"{host}:{port}"
+    blocked = probe_connect(host, port, layout.harness_uid, python=layout.python)
+    if blocked is None:
+        raise StartError(
+            f"netrules: uid {layout.harness_uid} -> {target} CONNECTED: the rules leak"
+        )
+    say(f"netrules: uid {layout.harness_uid} -> {target} blocked ({blocked})")
+    refused = probe_connect(host, port, layout.proxy_uid, python=layout.python)
+    if refused is not None:
+        raise StartError(f"netrules: uid {layout.proxy_uid} -> {target} failed: {refused}")
+    say(f"netrules: uid {layout.proxy_uid} -> {target} connected")
+
+
+# -- 3. keys -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Keys:
+    log_key: str  # the C2SP verifier key of the checkpoints
+    sealing: str  # the appliance's X25519 recipient key, base64
+    sealing_raw: bytes
+    created: bool
+
+    def report_data(self, nonce: bytes = b"") -> bytes:
+        from attestation.binding import report_data
+
+        return report_data(self.log_key, self.sealing_raw, nonce)
+
+
+def _own(path: Path, uid: int, gid: int, mode: int, layout: GuestLayout) -> None:
+    if layout.switch_users:
+        os.chown(path, uid, gid)
+    os.chmod(path, mode)
+
+
+def prepare_dirs(layout: GuestLayout) -> None:
+    """Folders and owners: the proxy owns the record (the harness's group may read it), the
+    harness owns its Home, root keeps the evidence and the timer."""
+    p, h, e = layout.proxy_uid, layout.harness_uid, layout.engine_uid
+    layout.state_mount.chmod(0o755)
+    for path, uid, gid, mode in (
+        (layout.record_dir, p, h, 0o2750),
+        (layout.home_dir, h, h, 0o700),
+        (layout.evidence_dir, 0, 0, 0o700),
+        (layout.run_dir, 0, 0, 0o755),
+        (layout.control_socket.parent, p, h, 0o2750),
+        (layout.run_dir / "home", 0, 0, 0o755),
+        (layout.run_dir / "home" / "engine", e, e, 0o700),
+        (layout.run_dir / "home" / "proxy", p, p, 0o700),
+        (layout.run_dir / "home" / "harness", h, h, 0o700),
+    ):
+        path.mkdir(parents=True, exist_ok=True)
+        _own(path, uid, gid, mode, layout)
+
+
+def prepare_keys(layout: GuestLayout) -> Keys:
+    """The sealing key and the log signing key: made here the first time, kept after. The
+    harness's own key (``user.key``, a recipient of its sessions) is made here too, so the
+    weekly divergence run finds it before anyone opened a session."""
+    from record.checkpoint import Signer
+    from record.log import LOG_KEY_NAME
+    from record.seal import KeyPair
+
+    key_file = layout.record_dir / "appliance.key"
+    signing = layout.record_dir / "record.db.signing-key"
+    user_key = layout.home_dir / "user.key"
+    created = not key_file.exists()
+    if created:
+        KeyPair.generate().write(key_file)
+    signer = Signer.load_or_create(signing, LOG_KEY_NAME)
+    if not user_key.exists():
+        KeyPair.generate().write(user_key)
+    for path, uid in (
+        (key_file, layout.proxy_uid),
+        (signing, layout.proxy_uid),
+        (user_key, layout.harness_uid),
+    ):
+        _own(path, uid, uid, 0o600, layout)
+    recipient = KeyPair.read(key_file).recipient
+    raw = recipient.public.public_bytes_raw()
+    return Keys(signer.vkey(), recipient.text(), raw, created)
+
+
+def write_appliance_json(layout: GuestLayout) -> None:
+    """``appliance.json`` in the harness's Home: where the proxy, its control socket and the
+    record are (the harness commands and the panel read it)."""
+    from harness.state import Appliance, Home
+
+    home = Home(layout.home_dir)
+    home.write_appliance(
+        Appliance(
+            proxy_url=layout.url(layout.proxy_port),
+            control_socket=str(layout.control_socket),
+            store=str(layout.record_dir / "record.db"),
+            model=layout.model_name,
+            api="openai",
+            engine_url=layout.url(layout.engine_port),
+        )
+    )
+    _own(home.appliance_file, layout.harness_uid, layout.harness_uid, 0o644, layout)
+
+
+# -- 4. services ------------------------------------------------------------------------------
+
+
+def _service(
+    layout: GuestLayout, name: str, uid: int, gid: int, argv: list[str], umask: int
+) -> Service:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "HOME": str(layout.run_dir / "home" / name),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "AFFIDAVIT_HOME": str(layout.home_dir),
+        **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
+        **layout.env,
+    }
+    switch = layout.switch_users
+    return Service(
+        name,
+        tuple(argv),
+        uid if switch else None,
+        gid if switch else None,
+        env,
+        layout.run_dir,
+        umask,
+    )
+
+
+def services(layout: GuestLayout) -> dict[str, Service]:
+    """The three services (and the divergence job), as the supervisor runs them."""
+    cli = [layout.python, "-m", "harness.cli"]
+    p, e, h = layout.proxy_uid, layout.engine_uid, layout.harness_uid
+    home = ["--home", str(layout.home_dir)]
+    return {
+        "engine": _service(
+            layout, "engine", e, e,
+            [*cli, "engine", "serve", "--model", str(layout.model_dir), "--host", "127.0.0.1",
+             "--port", str(layout.engine_port), "--model-name", layout.model_name,
+             "--log-level", "warning"],
+            0o077,
+        ),
+        "proxy": _service(
+            layout, "proxy", p, h,  # gid: new record files are the harness's group to read
+            [layout.python, "-m", "enclave_image.appliance_proxy", "--record",
+             str(layout.record_dir), "--control", str(layout.control_socket), "--port",
+             str(layout.proxy_port), "--engine", layout.url(layout.engine_port)],
+            0o027,
+        ),
+        "harness": _service(
+            layout, "harness", h, h,
+            [*cli, "panel", *home, "--port", str(layout.harness_port)],
+            0o077,
+        ),
+        "diverge": _service(layout, "diverge", h, h, [*cli, "diverge", *home], 0o077),
+    }  # fmt: skip
+
+
+def answers(url: str, *, any_status: bool = False) -> bool:
+    """Whether ``url`` answers 200 (``any_status``: any HTTP answer at all)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return bool(reply.status == 200)
+    except urllib.error.HTTPError:
+        return any_status
+    except (OSError, ValueError):
+        return False
+
+
+def wait_for(
+    name: str, url: str, timeout: float, stop: threading.Event, *, any_status: bool = False
+) -> float:
+    """Seconds until ``url`` answered; ``StartError`` at ``timeout`` or when stopping."""
+    start = time.monotonic()
+    while not answers(url, any_status=any_status):
+        if time.monotonic() - start > timeout:
+            raise StartError(f"{name} did not answer {url} within {timeout:.0f} s")
+        if stop.wait(0.5):
+            raise StartError(f"stopped while waiting for {name}")
+    return time.monotonic() - start
+
+
+def ready_line(layout: GuestLayout, first_boot: bool, report_data: bytes) -> str:
+    return (
+        f"affidavit-appliance ready engine={layout.url(layout.engine_port)}"
+        f" proxy={layout.url(layout.proxy_port)} harness={layout.url(layout.harness_port)}"
+        f" state={'first-boot' if first_boot else 'kept'} report_data={report_data.hex()}"
+    )
+
+
+def keep_evidence(layout: GuestLayout, keys: Keys, report: bytes, say: Say) -> None:
+    """Keep the SNP report on the state disk and in the record, through the proxy's control
+    plane (``ArchiveEvidence``) in a stream of its own, sealed to the appliance's key."""
+    from attestation.bind_check import evidence_names
+    from attestation.binding import binding_digest
+    from attestation.snp import parse_report
+    from egress_proxy.control import ControlClient
+
+    if bytes(parse_report(report).report_data)[:32] != binding_digest(
+        keys.log_key, keys.sealing_raw
+    ):
+        raise StartError("the SNP report does not carry this appliance's binding")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name = evidence_names("snp", stamp)[0]
+    (layout.evidence_dir / name).write_bytes(report)
+    client = ControlClient(layout.control_socket)
+    try:
+        opened = client.open_session([], {"affidavit/boot-evidence": stamp})
+        kept = client.archive_evidence(opened.session_id, "sev-snp", name, report)
+    finally:
+        client.channel.close()
+    say(f"evidence: SNP report kept as {name} at seq {kept.seq} of stream {opened.session_id}")
+
+
+def _last_json(lines: list[str]) -> dict[str, object] | None:
+    """The last JSON object a command printed (progress lines may come before it)."""
+    for start in reversed([i for i, line in enumerate(lines) if line.startswith("{")]):
+        try:
+            value = json.loads("\n".join(lines[start:]))
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def selftest_turn(layout: GuestLayout, sup: Supervisor, say: Say) -> None:
+    """One pinned agent turn through the proxy, as the harness: ``session new`` then ``turn``."""
+    base = services(layout)["diverge"]
+    cli = [layout.python, "-m", "harness.cli"]
+    home = ["--home", str(layout.home_dir)]
+
+    def job(name: str, *args: str) -> dict[str, object]:
+        argv = (*cli, *args, *home, "--json")
+        done = sup.run(
+            Service(name, argv, base.uid, base.gid, base.env, base.cwd, base.umask),
+            layout.selftest_timeout,
+        )
+        parsed = _last_json(done.lines)
+        if done.returncode != 0 or parsed is None:
+            raise StartError(f"selftest: {' '.join(args[:2])} exited {done.returncode}")
+        return parsed
+
+    opened = job("selftest", "session", "new", "--pin", "default")
+    session = str(opened["session"])
+    result = job("selftest", "turn", session, "Say hello in five words.")
+    answer = str(result.get("answer") or "")
+    steps = result.get("steps")
+    digest = hashlib.sha256(answer.encode()).hexdigest()
+    say(
+        f"selftest: turn {result.get('turn')} of session {session} {result.get('outcome')}"
+        f" reply sha256={digest} steps={len(steps) if isinstance(steps, list) else 0}"
+    )
+
+
+def run_appliance(
+    layout: GuestLayout, options: BootOptions, first_boot: bool, say: Say, stop: threading.Event
+) -> int:
+    """Steps 3 to 6 on a mounted state disk, then supervision until ``stop``."""
+    prepare_dirs(layout)
+    keys = prepare_keys(layout)
+    where = layout.record_dir
+    say(
+        f"keys: {'created at first boot' if keys.created else 'kept from an earlier boot'} in {where}"
+    )
+    say(f"keys: log key {keys.log_key}")
+    say(f"keys: sealing key {keys.sealing}")
+    nonce = os.urandom(32)
+    data = keys.report_data(nonce)
+    say(f"keys: report_data={data.hex()}")
+    report: bytes | None = None
+    if options.keysource != "snp":
+        say(f"evidence: none collected: keysource={options.keysource} (no TEE to ask)")
+    elif not layout.sev_guest.exists():
+        say(f"evidence: none collected: {layout.sev_guest} does not exist")
+    else:
+        report = snp_report(layout.sev_guest, data)
+    write_appliance_json(layout)
+    specs = services(layout)
+    sup = Supervisor(say, reap_all=os.getpid() == 1)
+    sup.start_reaper()
+    timer: WeeklyTimer | None = None
+    try:
+        sup.start(specs["engine"])
+        sup.start(specs["proxy"])
+        wait_for("proxy", layout.url(layout.proxy_port) + "/metrics", layout.start_timeout, stop)
+        say("health: proxy answers /metrics")
+        if report is not None:
+            keep_evidence(layout, keys, report, say)
+        sup.start(specs["harness"])
+
+        def diverge() -> None:
+            say("timer: divergence check starting")
+            done = sup.run(specs["diverge"], layout.diverge_timeout)
+            say(
+                f"timer: divergence check exited {done.returncode}; next {timer.next_due().isoformat() if timer else '?'}"
+            )
+
+        timer = WeeklyTimer(layout.timer_file, diverge, period=layout.diverge_period)
+        days = layout.diverge_period / timedelta(days=1)
+        say(
+            f"timer: divergence check every {days:g}d, next {timer.next_due().isoformat(timespec='seconds')}"
+        )
+        wait_for(
+            "harness",
+            layout.url(layout.harness_port) + "/",
+            layout.start_timeout,
+            stop,
+            any_status=True,
+        )
+        say("health: harness panel answers")
+        took = wait_for(
+            "engine",
+            layout.url(layout.engine_port) + "/v1/models",
+            layout.engine_start_timeout,
+            stop,
+        )
+        say(f"health: engine answers /v1/models ({took:.0f} s)")
+        say(ready_line(layout, first_boot, data))
+        timer.start()
+        if options.selftest:
+            selftest_turn(layout, sup, say)
+        stop.wait()
+        return 0
+    finally:
+        if timer is not None:
+            timer.stop()
+        say("appliance: stopping the services")
+        sup.stop_all()
+
+
+# -- PID 1 ---------------------------------------------------------------------------------------
+
+
+def _console(line: str) -> None:
+    print(line, flush=True)
+
+
+_KEY_POWER, _EV_KEY = 116, 1
+
+
+def watch_power_button(layout: GuestLayout, stop: threading.Event, say: Say) -> None:
+    """Turn an ACPI power-button press (QEMU ``system_powerdown``) into a clean stop; needs
+    the kernel's ``button`` and ``evdev`` (``/dev/input/event*``)."""
+    try:
+        blocks = layout.input_devices.read_text().split("\n\n")
+    except OSError:
+        return
+    for block in blocks:
+        if 'Name="Power Button"' not in block:
+            continue
+        for word in block.split():
+            if word.startswith("event"):
+
+                def read(path: Path = Path("/dev/input") / word) -> None:
+                    with open(path, "rb") as events:
+                        while chunk := events.read(24):
+                            _, _, kind, code, value = struct.unpack("qqHHi", chunk)
+                            if kind == _EV_KEY and code == _KEY_POWER and value == 1:
+                                say("appliance: power button pressed")
+                                stop.set()
+                                return
+
+                threading.Thread(target=read, name="power-button", daemon=True).start()
+
+
+def _end(code: int, say: Say) -> int:
+    """As PID 1, power the machine off (exiting would panic the kernel); else return."""
+    if os.getpid() != 1:
+        return code
+    say(f"appliance: powering off (exit {code})")
+    os.sync()
+    ctypes.CDLL(None, use_errno=True).reboot(0x4321FEDC)  # LINUX_REBOOT_CMD_POWER_OFF
+    return code
+
+
+def main(layout: GuestLayout | None = None, say: Say = _console) -> int:
+    layout = layout or GuestLayout()
+    try:
+        options = parse_cmdline(layout.cmdline.read_text())
+    except (Refused, OSError) as exc:
+        say(f"appliance: refusing to start: {exc}")
+        return _end(2, say)
+    say(f"appliance: starting (state={options.state} keysource={options.keysource})")
+    stop = threading.Event()
+
+    def on_signal(signum: int, _: object) -> None:
+        say(f"appliance: {signal.Signals(signum).name}: stopping")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, on_signal)
+    watch_power_button(layout, stop, say)
+    disk: StateDisk | None = None
+    code = 1
+    try:
+        network_rules(layout, options.probe, say)
+        if options.keysource == "test-insecure":
+            say(
+                "state: WARNING: keysource=test-insecure: the state disk's key is a fixed, public"
+                " value; this boot is NOT confidential (QEMU test boots only)"
+            )
+        else:
+            say("state: key from the AMD-SP (SNP_GET_DERIVED_KEY: VCEK root, measurement, policy)")
+        key = disk_key(options.keysource, layout.sev_guest)
+        disk = StateDisk(
+            options.state, layout.state_mount, cryptsetup=layout.cryptsetup, mke2fs=layout.mke2fs
+        )
+        first = disk.prepare(key)
+        if first:
+            say(
+                f"state: first boot, formatted {options.state} (LUKS2, ext4), mounted at {layout.state_mount}"
+            )
+        else:
+            say(
+                f"state: kept from an earlier boot: {options.state} opened, mounted at {layout.state_mount}"
+            )
+        code = run_appliance(layout, options, first, say, stop)
+    except (StartError, TeeError, DiskError, Refused) as exc:
+        say(f"appliance: FAILED: {exc}")
+    except Exception as exc:  # PID 1 must still stop cleanly and power off
+        say(f"appliance: FAILED: {type(exc).__name__}: {exc}")
+    finally:
+        if disk is not None and (os.path.ismount(layout.state_mount) or disk.mapped.exists()):
+            problems = disk.close()
+            say(
+                "state: unmounted and closed"
+                if not problems
+                else f"state: close: {'; '.join(problems)}"
+            )
+    return _end(code, say)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The egress proxy alone, as the appliance's proxy service: ``python -m enclave_image.appliance_proxy``.
+
+``harness.up.running_appliance`` starts engine and proxy in one process; in the guest each is
+its own service under its own uid, so this runs only the proxy (data plane, control socket,
+fetch endpoint) over the record on the state disk, with the engine as its one provider. The
+keys are not made here: the appliance made them at first boot (``appliance.key`` and
+``record.db.signing-key`` in ``--record``), and a missing key is an error, never a new key.
+
+The control socket is made group-writable (0660): the harness's uid, in the record folder's
+group, must reach it; no one else can (the folder is 0750).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+__all__ = ["main", "proxy_config"]
+
+ROUTE = "/v1/chat/completions"
+
+
+def proxy_config(port: int, engine_url: str) -> dict[str, object]:
+    """The proxy's config: loopback data plane, the engine behind it, fetch on."""
+    return {
+        "listen": {"host": "127.0.0.1", "port": port},
+        "providers": {
+            "model": {"api": "openai", "base_url": engine_url, "engine_extensions": True}
+        },
+        "mounts": {ROUTE: "model"},
+        "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m enclave_image.appliance_proxy")
+    parser.add_argument("--record", type=Path, required=True, help="folder of the record and keys")
+    parser.add_argument("--control", type=Path, required=True, help="the control socket")
+    parser.add_argument("--port", type=int, default=8700)
+    parser.add_argument("--engine", default="http://127.0.0.1:8000", help="the provider's URL")
+    args = parser.parse_args(argv)
+
+    from egress_proxy.config import parse_config
+    from egress_proxy.server import ProxyServer
+    from record.log import Log
+    from record.seal import KeyPair
+
+    key_file = args.record / "appliance.key"
+    signing = args.record / "record.db.signing-key"
+    for path in (key_file, signing):
+        if not path.is_file():
+            print(f"proxy: missing: {path} (the appliance makes it at first boot)", flush=True)
+            return 3
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    args.control.unlink(missing_ok=True)  # a socket left by a killed run
+    config = parse_config(proxy_config(args.port, args.engine))
+    with (
+        Log.open(
+            args.record / "record.db", signing_key=signing, appliance_key=KeyPair.read(key_file)
+        ) as log,
+        ProxyServer(config, log, control_socket=args.control) as proxy,
+    ):
+        os.chmod(args.control, 0o660)
+        print(
+            f"proxy: serving {proxy.url}, control {args.control}, record {args.record}", flush=True
+        )
+        stop.wait()
+    print("proxy: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
