@@ -9,9 +9,11 @@ BIN    := $(VENV)/bin
 # initrd writer's archives are extracted by the real tool), qemu-system-x86 and ovmf (the
 # reduced enclave image is booted under TCG with OVMF; its own packages come by apt-get download),
 # squashfs-tools (the full image's application and model disks), faketime (the reproducibility
-# test moves the second build's wall clock).
+# test moves the second build's wall clock), and what edk2 needs to build the AmdSev OVMF (a
+# cold clone's test builds it once, ~2 min, and checks it against the pin).
+OVMF_DEPS := nasm acpica-tools uuid-dev patch dpkg-dev gcc make
 APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio qemu-system-x86 ovmf \
-	squashfs-tools faketime
+	squashfs-tools faketime $(OVMF_DEPS)
 
 .PHONY: demo test lint typecheck unit bench fuzz system-deps clean image image-full ovmf
 
@@ -62,10 +64,7 @@ image-full: $(BIN)/.installed system-deps
 # The SEV firmware (edk2's AmdSevX64 OVMF) from Debian's edk2 source with two upstream
 # backports, into .affidavit/image-cache/ovmf/OVMF.amdsev.fd; ~2 min, byte-identical every
 # time (its sha256 is pinned in enclave_image/ovmf.py and the lock). Not needed by make test.
-OVMF_DEPS := nasm acpica-tools uuid-dev patch dpkg-dev gcc make
-ovmf: $(BIN)/.installed
-	@missing=""; for p in $(OVMF_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; fi
+ovmf: $(BIN)/.installed system-deps
 	$(BIN)/python -m enclave_image.ovmf .affidavit/image-cache
 
 bench: $(BIN)/.installed

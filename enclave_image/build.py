@@ -48,8 +48,8 @@ from enclave_image.contents import (
     REDUCED_WHEELS,
 )
 from enclave_image.initrd import write_initrd
-from enclave_image.inputs import debian_package, file_sha256, pinned_lock, wheel_files
-from enclave_image.lock import Lock
+from enclave_image.inputs import LOCK_FILE, debian_package, pinned_lock, wheel_files
+from enclave_image.lock import Lock, file_sha256
 from enclave_image.verity import cmdline, format_verity
 
 __all__ = [
@@ -355,6 +355,8 @@ def build_image(
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = pinned_lock(lock_file)
     full = profile == "full"
+    for stale in ("app.img", "app.verity"):  # a full build's disks must not outlive it
+        (out_dir / stale).unlink(missing_ok=True)
     debs = FULL_DEBS if full else REDUCED_DEBS
     wheel_names = [w.name for w in lock.wheels] if full else list(REDUCED_WHEELS)
     with tempfile.TemporaryDirectory(prefix="affidavit-image-") as tmp:
@@ -390,8 +392,8 @@ def build_image(
 
             make_model(model_tree)
             say("squashfs of the application and model disks")
-            app, model = out_dir / "app.img", out_dir / "model.img"
-            _squashfs(app_tree, app, epoch)
+            model = out_dir / "model.img"
+            _squashfs(app_tree, out_dir / "app.img", epoch)
             _squashfs(model_tree, model, epoch)
             (etc / "udhcpc.sh").write_text(UDHCPC)
             (etc / "udhcpc.sh").chmod(0o755)
@@ -440,7 +442,7 @@ def build_image(
     inputs = out_dir / "inputs.json"
     inputs.write_text(json.dumps({
         "profile": profile,
-        "lock_sha256": file_sha256(lock_file or _default_lock()),
+        "lock_sha256": file_sha256(lock_file or LOCK_FILE),
         "kernel": _kernel_entry(lock),
         "debian": sorted([*debs, _kernel_entry(lock)]),
         "wheels": wheel_digests,
@@ -463,12 +465,6 @@ def build_image(
         inputs=inputs,
         disks=tuple(p for p in disks if p is not None),
     )
-
-
-def _default_lock() -> Path:
-    from enclave_image.inputs import LOCK_FILE
-
-    return LOCK_FILE
 
 
 def build_reduced(

@@ -7,7 +7,6 @@ and :func:`lock_names` is what ``affidavit image lock`` asks it to cover.
 from __future__ import annotations
 
 import importlib.metadata
-import re
 
 __all__ = [
     "FULL_DEBS",
@@ -128,10 +127,6 @@ FULL_MODULES = (
 )
 
 
-def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def full_wheels(
     root: str = "affidavit", extras: frozenset[str] = frozenset({"engine"})
 ) -> list[str]:
@@ -141,6 +136,8 @@ def full_wheels(
     this, the build reads the names back from the lock).
     """
     from packaging.requirements import Requirement
+
+    from enclave_image.inputs import dist_key
 
     wanted: dict[str, set[str]] = {}
     todo: list[tuple[str, frozenset[str]]] = [(root, extras)]
@@ -152,7 +149,7 @@ def full_wheels(
                 req.marker.evaluate({"extra": e}) for e in (with_extras or {""})
             ):
                 continue
-            key = _key(req.name)
+            key = dist_key(req.name)
             if key in wanted and set(req.extras) <= wanted[key]:
                 continue
             wanted[key] = wanted.get(key, set()) | set(req.extras)
@@ -162,8 +159,8 @@ def full_wheels(
 
 def lock_names() -> tuple[list[str], list[str]]:
     """The Debian packages and wheels a complete lock covers (both profiles)."""
-    from enclave_image.inputs import kernel_package
+    from enclave_image.inputs import dist_key, kernel_package
 
     debs = sorted({*FULL_DEBS, kernel_package(KERNEL_META)})
-    by_key = {_key(name): name for name in (*REDUCED_WHEELS, *full_wheels())}
-    return debs, sorted(by_key.values(), key=_key)
+    by_key = {dist_key(name): name for name in (*REDUCED_WHEELS, *full_wheels())}
+    return debs, sorted(by_key.values(), key=dist_key)

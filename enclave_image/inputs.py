@@ -14,7 +14,6 @@ environment (the installed version of each wheel) and writes a lock.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import re
@@ -25,12 +24,21 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from enclave_image.lock import FORMAT, Artifact, DebianPackage, Lock, Wheel, load_lock
+from enclave_image.lock import (
+    FORMAT,
+    Artifact,
+    DebianPackage,
+    Lock,
+    Wheel,
+    file_sha256,
+    load_lock,
+)
 
 __all__ = [
     "LOCK_FILE",
     "InputError",
     "debian_package",
+    "dist_key",
     "file_sha256",
     "make_lock",
     "pinned_lock",
@@ -45,14 +53,6 @@ _CHUNK = 1 << 20
 
 class InputError(RuntimeError):
     """An input the build cannot use: not in the lock, unavailable, or not the pinned bytes."""
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def pinned_lock(path: Path | None = None) -> Lock:
@@ -114,13 +114,13 @@ def debian_package(lock: Lock, cache: Path, name: str) -> Path:
     return path
 
 
-def _dist_key(name: str) -> str:
+def dist_key(name: str) -> str:
     """PEP 503 normalisation (the comparison pip makes between a name and a wheel's)."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _lock_wheel(lock: Lock, name: str) -> Wheel:
-    entry = next((w for w in lock.wheels if _dist_key(w.name) == _dist_key(name)), None)
+    entry = next((w for w in lock.wheels if dist_key(w.name) == dist_key(name)), None)
     if entry is None:
         raise InputError(f"wheel {name} is not in the lock; add it with `affidavit image lock`")
     return entry
@@ -208,7 +208,7 @@ def make_lock(
     """A lock of the mirror's candidate version of each Debian package and this
     environment's version of each wheel, every file fetched into ``cache`` and hashed."""
     debs = tuple(_debian_entry(cache, name, say) for name in sorted(set(debian)))
-    whls = tuple(_wheel_entry(cache, name, say) for name in sorted(set(wheels), key=_dist_key))
+    whls = tuple(_wheel_entry(cache, name, say) for name in sorted(set(wheels), key=dist_key))
     return Lock(format=FORMAT, debian=debs, wheels=whls, ovmf=ovmf)
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "LockError",
     "Problem",
     "Wheel",
+    "file_sha256",
     "load_lock",
     "unpinned",
     "verify_inputs",
@@ -48,7 +49,6 @@ __all__ = [
 
 FORMAT = "affidavit-image-lock/1"
 _SHA256 = r"^[0-9a-f]{64}$"
-_CHUNK = 1 << 20
 
 
 class LockError(ValueError):
@@ -164,12 +164,10 @@ def load_lock(path: Path | str) -> Lock:
         raise LockError(f"lock {path}: {where}: {first['msg']}") from None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file, hex: the digest every pin in the image's inputs uses."""
     with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def verify_inputs(lock: Lock, cache_dir: Path | str) -> list[Problem]:
@@ -190,7 +188,7 @@ def verify_inputs(lock: Lock, cache_dir: Path | str) -> list[Problem]:
     problems: list[Problem] = []
     for kind, name, rel, expected in pinned:
         path = cache / rel
-        actual = _sha256(path) if path.is_file() else None
+        actual = file_sha256(path) if path.is_file() else None
         if actual != expected:
             problems.append(Problem(kind, name, path, expected, actual))
     return problems

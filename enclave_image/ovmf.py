@@ -44,7 +44,6 @@ Run it as ``python -m enclave_image.ovmf CACHE_DIR`` (``make ovmf``). It needs `
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import secrets
@@ -56,6 +55,8 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from enclave_image.lock import file_sha256
 
 __all__ = [
     "EDK2_VERSION",
@@ -84,7 +85,6 @@ SOURCE_DATE_EPOCH = 1700000000
 BUILD_PARENT = Path("/tmp")
 PLATFORM = "OvmfPkg/AmdSev/AmdSevX64.dsc"
 MIRROR = "http://deb.debian.org/debian"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -159,14 +159,6 @@ def _say(message: str) -> None:
     print(f"[ovmf] {message}", flush=True)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def dsc_checksums(dsc_text: str) -> dict[str, tuple[str, int]]:
     """``{file name: (sha256, size)}`` from a ``.dsc``'s ``Checksums-Sha256`` field."""
     found: dict[str, tuple[str, int]] = {}
@@ -197,7 +189,7 @@ def check_sources(src_dir: Path) -> list[str]:
         if not path.is_file():
             missing.append(source.name)
             continue
-        actual, size = _sha256(path), path.stat().st_size
+        actual, size = file_sha256(path), path.stat().st_size
         if actual != source.sha256 or size != source.size:
             raise OvmfError(
                 f"{path}: sha256 {actual} ({size} bytes), pinned {source.sha256} "
@@ -264,7 +256,7 @@ def apply_patches(tree: Path) -> None:
         path = PATCH_DIR / name
         if not path.is_file():
             raise OvmfError(f"{path}: the edk2 patch is missing")
-        actual = _sha256(path)
+        actual = file_sha256(path)
         if actual != pinned:
             raise OvmfError(f"{path}: sha256 {actual}, pinned {pinned}")
         _run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch", "-i", str(path)],
@@ -369,7 +361,7 @@ def build_amdsev_ovmf(cache_dir: Path | str, *, expect: str | None = OVMF_SHA256
     # absolute: apt reads a relative Dir:: path as relative to /etc/apt
     cache_dir = Path(cache_dir).resolve()
     out = cache_dir / OVMF_FILE
-    if expect is not None and out.is_file() and _sha256(out) == expect:
+    if expect is not None and out.is_file() and file_sha256(out) == expect:
         _say(f"{out} is there with the pinned sha256 {expect}: no build")
         return OvmfResult(out, expect, out.stat().st_size, time.monotonic() - start, built=False)
     src_dir = cache_dir / "src"
@@ -413,7 +405,7 @@ def build_amdsev_ovmf(cache_dir: Path | str, *, expect: str | None = OVMF_SHA256
             shutil.copyfile(built, partial)
     finally:
         os.umask(old_umask)
-    digest = _sha256(partial)
+    digest = file_sha256(partial)
     if expect is not None and digest != expect:
         raise OvmfError(
             f"the build gave sha256 {digest}, pinned {expect}: kept as {partial}; a different "

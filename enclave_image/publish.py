@@ -44,6 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation.measure import launch_digest
 from attestation.published import FORMAT, Published, load_published, sign_published
 from attestation.verdict import Check
+from enclave_image.lock import file_sha256
 
 __all__ = [
     "CMDLINE",
@@ -159,7 +160,7 @@ def read_image_dir(folder: Path | str) -> ImageInputs:
     if weights_file.is_file():
         weights: str | None = _weights(weights_file.read_text(encoding="utf-8"), str(weights_file))
     elif disk.is_file():
-        weights = f"sha256:{_sha256_file(disk)}"
+        weights = f"sha256:{file_sha256(disk)}"
     else:
         weights = None
     return ImageInputs(paths[KERNEL], paths[INITRD], cmdline, weights)
@@ -192,14 +193,6 @@ def public_key_text(key: Ed25519PrivateKey) -> str:
     """The public half as ``measurements/release.pub`` holds it: base64 of the raw 32 bytes."""
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode("ascii")
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def measure_image(
@@ -264,7 +257,7 @@ def measure_image(
             "image_digest": image_digest(inputs.kernel, inputs.initrd, inputs.cmdline),
             "model_weights_digest": weights,
             "kernel_cmdline": inputs.cmdline,
-            "firmware": {"ovmf_sha256": _sha256_file(ovmf)},
+            "firmware": {"ovmf_sha256": file_sha256(ovmf)},
             "snp": snp,
         }
     )
@@ -340,7 +333,7 @@ def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str
     if promised_fw is None:
         checks.append(Check("firmware.ovmf_sha256", None, "not compared: none is published"))
     else:
-        checks.append(same("firmware.ovmf_sha256", _sha256_file(ovmf), promised_fw))
+        checks.append(same("firmware.ovmf_sha256", file_sha256(ovmf), promised_fw))
     for launch in published.snp:
         ours = launch_digest(
             ovmf,

@@ -362,6 +362,19 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
         for url in urls.values():
             with urllib.request.urlopen(url, timeout=10) as reply:
                 assert reply.status == 200
+        # What an SNP guest does with its report (the TEE is the test chain's double): the
+        # report must carry this appliance's binding, then the record keeps it.
+        from enclave_image.appliance import StartError, keep_evidence, prepare_keys
+        from tests.attestation.snp_double import TURIN_TCB, fake_amd, v5_report
+
+        keys = prepare_keys(layout)
+        assert not keys.created  # found on the state disk, not made again
+        chain = fake_amd("Turin", TURIN_TCB, bytes(8))
+        bound = v5_report(chain.vek_key, report_data=keys.report_data(bytes(32)), policy=0x30000)
+        keep_evidence(layout, keys, bound, say)
+        stranger = v5_report(chain.vek_key, report_data=bytes(64), policy=0x30000)
+        with pytest.raises(StartError, match="binding"):
+            keep_evidence(layout, keys, stranger, say)
     finally:
         stop.set()
         thread.join(60)
@@ -386,8 +399,17 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "state" / "record" / "record.db", readonly=True)
     try:
         assert store.get_meta("log_key") == log_key
+        kept = [
+            entry
+            for stream in store.streams()
+            for entry in store.entries(stream)
+            if b"evidence.archived" in entry.line
+        ]
+        assert len(kept) == 1  # the bound report, once; the stranger's never
     finally:
         store.close()
+    assert any(x.startswith("evidence: SNP report kept as snp-") for x in said)
+    assert len(list((tmp_path / "state" / "evidence").iterdir())) == 1
     from record.seal import KeyPair
 
     sealing = KeyPair.read(tmp_path / "state" / "record" / "appliance.key").recipient

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from enclave_image.build import BuildResult, boot, build_image, trial_boot_options
-from enclave_image.inputs import file_sha256
+from enclave_image.lock import file_sha256
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".affidavit" / "image-cache"

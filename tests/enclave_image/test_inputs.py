@@ -20,15 +20,12 @@ from enclave_image.inputs import (
     LOCK_FILE,
     InputError,
     debian_package,
+    dist_key,
     pinned_lock,
     requirement_lines,
     wheel_files,
 )
 from enclave_image.lock import FORMAT, DebianPackage, Lock, Wheel
-
-
-def _key(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def test_the_committed_lock_pins_every_input_the_profiles_name() -> None:
@@ -37,8 +34,8 @@ def test_the_committed_lock_pins_every_input_the_profiles_name() -> None:
     assert set(FULL_DEBS) <= debs and set(REDUCED_DEBS) <= debs
     kernels = [d for d in debs if re.fullmatch(r"linux-image-[0-9].*-amd64", d)]
     assert len(kernels) == 1, kernels  # one versioned generic kernel (it has sev-guest)
-    wheels = {_key(w.name) for w in lock.wheels}
-    assert {_key(n) for n in REDUCED_WHEELS} <= wheels
+    wheels = {dist_key(w.name) for w in lock.wheels}
+    assert {dist_key(n) for n in REDUCED_WHEELS} <= wheels
     assert {"torch", "tokenizers", "safetensors", "openai", "mcp"} <= wheels  # the full one
     assert len(wheels) == len(lock.wheels)  # no distribution twice
     for deb in lock.debian:
