@@ -123,6 +123,9 @@ FULL_MODULES = (
     "nf_tables",
     "nft_ct",
     "nf_conntrack",
+    # the ACPI power button as /dev/input/event*: a VMM's shutdown stops the appliance cleanly
+    "button",
+    "evdev",
     "sev-guest",
 )
 
