@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -50,12 +50,14 @@ from enclave_image.contents import (
 from enclave_image.initrd import write_initrd
 from enclave_image.inputs import LOCK_FILE, debian_package, pinned_lock, wheel_files
 from enclave_image.lock import Lock, file_sha256
+from enclave_image.tool import run_tool
 from enclave_image.verity import cmdline, format_verity
 
 __all__ = [
     "BootResult",
     "BuildResult",
     "Profile",
+    "TrialBoot",
     "boot",
     "build_image",
     "build_reduced",
@@ -175,20 +177,17 @@ class BuildResult:
     app: Path | None = None  # the full profile's application disk
     app_verity: Path | None = None
     inputs: Path | None = None
-    disks: tuple[Path, ...] = field(default=())  # in the order QEMU attaches them
+
+    @property
+    def disks(self) -> list[Path]:
+        """The read-only disks in the order QEMU attaches them."""
+        return _disks(self.out_dir)
 
     def json(self) -> dict[str, object]:
-        return {
-            k: [str(d) for d in v] if isinstance(v, tuple) else (None if v is None else str(v))
-            for k, v in self.__dict__.items()
+        doc: dict[str, object] = {
+            k: None if v is None else str(v) for k, v in self.__dict__.items()
         }
-
-
-def _run(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, check=False, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return done.stdout
+        return {**doc, "disks": [str(d) for d in self.disks]}
 
 
 def _kernel_entry(lock: Lock) -> str:
@@ -252,7 +251,7 @@ def _our_wheel(work: Path, epoch: int) -> Path:
                                           "__pycache__", "tests", "node_modules", ".mypy_cache",
                                           ".ruff_cache", ".pytest_cache"),
         )  # fmt: skip
-        _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+        run_tool([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
               "--no-build-isolation", "-w", str(wheels), str(src)], env=env)  # fmt: skip
     (ours,) = wheels.glob("affidavit-*.whl")
     return ours
@@ -260,7 +259,7 @@ def _our_wheel(work: Path, epoch: int) -> Path:
 
 def _install(site: Path, wheels: Sequence[Path], ours: Path) -> None:
     site.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+    run_tool([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
           "--no-compile", "--target", str(site), *map(str, wheels), str(ours)])  # fmt: skip
     shutil.rmtree(site / "bin", ignore_errors=True)
     # pip records where each wheel came from (the cache path, the wheel's own hash): drop
@@ -306,7 +305,7 @@ def _stand_in_model(out_dir: Path) -> Path:
 def _squashfs(tree: Path, out: Path, epoch: int) -> None:
     """A reproducible squashfs of ``tree`` (fixed times and owners, one sorted order)."""
     out.unlink(missing_ok=True)
-    _run(["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
+    run_tool(["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
           "-reproducible", "-mkfs-time", str(epoch), "-all-time", str(epoch), "-all-root",
           "-no-xattrs", "-comp", "zstd"])  # fmt: skip
     size = out.stat().st_size
@@ -364,12 +363,12 @@ def build_image(
         root, kernel_tree = work / "root", work / "kernel"
         say(f"kernel and {len(debs)} Debian packages (pinned by the lock)")
         kernel_deb = debian_package(lock, cache_dir, _kernel_entry(lock))
-        _run(["dpkg-deb", "-x", str(kernel_deb), str(kernel_tree)])
+        run_tool(["dpkg-deb", "-x", str(kernel_deb), str(kernel_tree)])
         (vmlinuz,) = (kernel_tree / "boot").glob("vmlinuz-*")
         kernel = out_dir / "vmlinuz"
         shutil.copyfile(vmlinuz, kernel)
         for package in debs:
-            _run(["dpkg-deb", "-x", str(debian_package(lock, cache_dir, package)), str(root)])
+            run_tool(["dpkg-deb", "-x", str(debian_package(lock, cache_dir, package)), str(root)])
         for prune in _PRUNE:
             shutil.rmtree(root / prune, ignore_errors=True)
         modules = _modules(kernel_tree, root, FULL_MODULES if full else REDUCED_MODULES)
@@ -449,7 +448,6 @@ def build_image(
         "affidavit_wheel": ours_digest,
         "epoch": epoch,
     }, indent=1, sort_keys=True) + "\n")  # fmt: skip
-    disks = [model, model_hashes, app_disk, app_hashes]
     return BuildResult(
         out_dir=out_dir,
         profile=profile,
@@ -463,7 +461,6 @@ def build_image(
         app=app_disk,
         app_verity=app_hashes,
         inputs=inputs,
-        disks=tuple(p for p in disks if p is not None),
     )
 
 
@@ -487,19 +484,27 @@ SELFTEST_RE = re.compile(r"selftest: turn .*")
 STATE_DISK_BYTES = 256 * 1024 * 1024
 
 
+@dataclass(frozen=True)
+class TrialBoot:
+    """A test boot's :func:`boot` arguments, and what the host's probe listener accepted
+    (``None`` for the reduced profile, which has no network)."""
+
+    options: dict[str, Any]
+    probe_accepted: list[str] | None = None
+
+
 @contextmanager
 def trial_boot_options(
     result: BuildResult, state_disk: Path | None = None, *, selftest: bool = False
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[TrialBoot]:
     """What a QEMU test boot of ``result`` needs beyond the image: for the full profile a
     state disk (a fresh sparse file unless given), a NIC, the test key source instead of the
     hardware's (``affidavit.keysource=test-insecure``: a different command line, so never
     the published measurement) and a loopback TCP listener the guest's network rules are
-    probed against (``affidavit.probe=10.0.2.2:<port>``, QEMU's address for the host); the
-    listener's accepted connections are counted in ``probe_accepted`` (pop it before
-    passing the rest to :func:`boot`)."""
+    probed against (``affidavit.probe=10.0.2.2:<port>``, QEMU's address for the host), whose
+    accepted connections are counted in ``probe_accepted``."""
     if result.profile != "full":
-        yield {}
+        yield TrialBoot({})
         return
     import socket
 
@@ -528,12 +533,12 @@ def trial_boot_options(
         if selftest:
             words.append("affidavit.selftest=turn")
         try:
-            yield {
-                "append": " ".join(words), "state_disk": disk, "nic": True,
-                "memory_mb": 4096, "ready": SELFTEST_RE if selftest else READY_RE,
-                "timeout": 1500.0,
-                "probe_accepted": accepted,
-            }  # fmt: skip
+            yield TrialBoot(
+                {"append": " ".join(words), "state_disk": disk, "nic": True,
+                 "memory_mb": 4096, "ready": SELFTEST_RE if selftest else READY_RE,
+                 "timeout": 1500.0},
+                accepted,
+            )  # fmt: skip
         finally:
             listener.close()
 

@@ -376,11 +376,10 @@ def build(
         raise typer.Exit(1) from None
     doc: dict[str, object] = result.json()
     if boot:
-        with trial_boot_options(result) as options:
-            accepted = options.pop("probe_accepted", None)
-            booted = boot_image(out, say=lambda line: say(f"console: {line}"), **options)
-        if accepted is not None:  # the full profile: only the proxy's uid may reach the host
-            doc["probe_connections"] = len(accepted)
+        with trial_boot_options(result) as trial:
+            booted = boot_image(out, say=lambda line: say(f"console: {line}"), **trial.options)
+        if trial.probe_accepted is not None:  # full: only the proxy's uid may reach the host
+            doc["probe_connections"] = len(trial.probe_accepted)
         doc["health"] = booted.health
         doc["boot_seconds"] = round(booted.seconds, 1)
     if as_json:

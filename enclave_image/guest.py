@@ -12,7 +12,6 @@ families (``# TYPE`` lines) it served.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from egress_proxy.config import parse_config
 from egress_proxy.server import ProxyServer
+from enclave_image.lock import file_sha256
 from record.log import Log
 from record.seal import KeyPair
 
@@ -36,11 +36,7 @@ def _model(spec_path: Path) -> str:
     if not spec_path.is_file():
         return "none"
     spec = json.loads(spec_path.read_text())
-    digest = hashlib.sha256()
-    with open(spec["device"], "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    got = digest.hexdigest()
+    got = file_sha256(Path(spec["device"]))  # a block that fails verity reads as EIO
     if got != spec["sha256"]:
         raise RuntimeError(f"model disk {spec['device']}: sha256 {got}, built {spec['sha256']}")
     return got

@@ -18,10 +18,10 @@ import importlib.metadata
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 from enclave_image.lock import (
@@ -33,6 +33,7 @@ from enclave_image.lock import (
     file_sha256,
     load_lock,
 )
+from enclave_image.tool import run_tool
 
 __all__ = [
     "LOCK_FILE",
@@ -55,16 +56,12 @@ class InputError(RuntimeError):
     """An input the build cannot use: not in the lock, unavailable, or not the pinned bytes."""
 
 
+_run = partial(run_tool, error=InputError)
+
+
 def pinned_lock(path: Path | None = None) -> Lock:
     """The lock the build uses: ``path``, else the committed one."""
     return load_lock(path or LOCK_FILE)
-
-
-def _run(args: list[str], cwd: Path | None = None) -> str:
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise InputError(f"{' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return done.stdout
 
 
 def _checked(path: Path, expected: str, what: str) -> Path:
@@ -213,6 +210,7 @@ def make_lock(
 
 
 def write_lock(lock: Lock, path: Path) -> None:
-    """Sorted, indented, one trailing newline: a lock's diff shows what changed."""
+    """Indented, entries in name order (as :func:`make_lock` sorts them), one trailing
+    newline: a lock's diff shows what changed."""
     doc = lock.model_dump(mode="json", exclude_none=True)
-    path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    path.write_text(json.dumps(doc, indent=1) + "\n")

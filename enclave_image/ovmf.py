@@ -54,9 +54,11 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from enclave_image.lock import file_sha256
+from enclave_image.tool import run_tool
 
 __all__ = [
     "EDK2_VERSION",
@@ -146,6 +148,9 @@ class OvmfError(RuntimeError):
     """The firmware cannot be built or checked; the message names the file or step."""
 
 
+_run = partial(run_tool, error=OvmfError)
+
+
 @dataclass(frozen=True)
 class OvmfResult:
     path: Path
@@ -212,15 +217,6 @@ def _missing_tools() -> list[str]:
     if not Path("/usr/include/uuid/uuid.h").is_file():
         missing.append("uuid/uuid.h (apt-get install uuid-dev)")
     return missing
-
-
-def _run(args: list[str], *, cwd: Path | None = None, env: Mapping[str, str] | None = None) -> str:
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise OvmfError(
-            f"{' '.join(args)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}"
-        )
-    return done.stdout
 
 
 def _fetch_sources(src_dir: Path) -> None:
@@ -401,17 +397,17 @@ def build_amdsev_ovmf(cache_dir: Path | str, *, expect: str | None = OVMF_SHA256
             built = tree / "Build/AmdSev/RELEASE_GCC5/FV/OVMF.fd"
             if not built.is_file():
                 raise OvmfError(f"the build gave no {built}")
-            partial = out.with_name(out.name + ".partial")
-            shutil.copyfile(built, partial)
+            candidate = out.with_name(out.name + ".partial")
+            shutil.copyfile(built, candidate)
     finally:
         os.umask(old_umask)
-    digest = file_sha256(partial)
+    digest = file_sha256(candidate)
     if expect is not None and digest != expect:
         raise OvmfError(
-            f"the build gave sha256 {digest}, pinned {expect}: kept as {partial}; a different "
+            f"the build gave sha256 {digest}, pinned {expect}: kept as {candidate}; a different "
             "toolchain or source changes the firmware, and with it every launch measurement"
         )
-    partial.replace(out)
+    candidate.replace(out)
     seconds = time.monotonic() - start
     _say(f"{out}: sha256 {digest}, {out.stat().st_size} bytes, {seconds:.0f} s")
     return OvmfResult(out, digest, out.stat().st_size, seconds, built=True)

@@ -56,11 +56,11 @@ def test_the_full_image_boots_twice_keeping_its_keys(image: BuildResult, tmp_pat
     consoles = []
     for n in (1, 2):
         # the first boot also runs one pinned agent turn through the guest's own proxy
-        with trial_boot_options(image, state_disk=state, selftest=n == 1) as options:
-            accepted = options.pop("probe_accepted")
+        with trial_boot_options(image, state_disk=state, selftest=n == 1) as trial:
             result = boot(
-                image.out_dir, say=lambda line, n=n: print(f"boot {n}: {line}"), **options
+                image.out_dir, say=lambda line, n=n: print(f"boot {n}: {line}"), **trial.options
             )
+        accepted = trial.probe_accepted or []
         console = result.console
         consoles.append(console)
         assert result.health is not None, f"boot {n}: no ready line:\n{console[-6000:]}"
