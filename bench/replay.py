@@ -76,7 +76,7 @@ from harness.reconstruct import reconstruct_turn
 from harness.reexecute import reexecute_turn
 from harness.session import open_session, read_bodies, run_turn
 from harness.state import Home
-from harness.up import _serve, running_appliance
+from harness.up import TINY_MODEL, _serve, running_appliance
 from record.seal import KeyPair
 
 GOAL_10_STEP_MS = 10.0  # reconstruct a 10-step turn in at most this
@@ -272,7 +272,9 @@ def measure(
     sessions: list[Session] = []
     with (
         _serve(page_app) as page_url,
-        running_appliance(home, search_url=page_url + "/search?q={query}", clock=clock) as up,
+        running_appliance(
+            home, engine=TINY_MODEL, search_url=page_url + "/search?q={query}", clock=clock
+        ) as up,
     ):
         store = up.appliance.store
         progress("warm-up: one turn recorded and re-executed, untimed")

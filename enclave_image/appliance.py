@@ -8,7 +8,9 @@ In order, one console line per step (``docs/image.md``, "The full profile's gues
    ``test-insecure``: a fixed key, loudly), LUKS2 formatted at first boot, mounted.
 3. **Keys**: the sealing key and the log signing key, born here at first boot and kept on the
    state disk; ``report_data`` binds their public halves; an SNP report carries it.
-4. **Services**: engine, proxy and harness panel, each under its own uid, supervised.
+4. **Services**: engine, proxy and harness panel, each under its own uid, supervised; the
+   engine serves what the model disk's ``model.json`` names (the release model, or a test
+   build's tiny one, said loudly).
 5. **Timer**: ``affidavit diverge`` as the harness every 7 days.
 6. **Health**: one ``affidavit-appliance ready …`` line once all three answer; an optional
    self-test turn; then supervision until SIGTERM/SIGUSR2/the power button, a clean stop
@@ -36,6 +38,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import cached_property
 from ipaddress import IPv4Address
 from pathlib import Path
 
@@ -47,6 +50,7 @@ __all__ = [
     "BootOptions",
     "GuestLayout",
     "Keys",
+    "ModelDisk",
     "Refused",
     "StartError",
     "main",
@@ -54,6 +58,7 @@ __all__ = [
     "parse_cmdline",
     "prepare_keys",
     "probe_connect",
+    "read_model_disk",
     "ready_line",
     "run_appliance",
     "services",
@@ -71,6 +76,35 @@ class StartError(Exception):
 
 
 @dataclass(frozen=True)
+class ModelDisk:
+    """What the model disk serves, as its ``model.json`` (written by the build) says."""
+
+    name: str  # the model id the engine serves it under
+    path: Path  # what ``engine serve --model`` loads: a ``.gguf`` file or a model folder
+    test_model: str | None  # a test build's model (``tiny``): never a release's
+
+
+def read_model_disk(model_dir: Path) -> ModelDisk:
+    """The model disk's ``model.json``: the guest finds its model from the disk's content,
+    so the build decides what ships and the guest has nothing to hard-code."""
+    where = model_dir / "model.json"
+    try:
+        doc = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StartError(f"model disk: cannot read {where}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise StartError(f"model disk: {where} is not a JSON object")
+    name, rel, test = doc.get("name"), doc.get("path"), doc.get("test_model")
+    if not isinstance(name, str) or not name or not isinstance(rel, str) or not rel:
+        raise StartError(f"model disk: {where} names no model (name and path)")
+    if Path(rel).is_absolute() or ".." in Path(rel).parts or not (model_dir / rel).exists():
+        raise StartError(f"model disk: {where}: path {rel!r} is not on the disk")
+    if test is not None and not isinstance(test, str):
+        raise StartError(f"model disk: {where}: test_model {test!r} is not a name")
+    return ModelDisk(name, model_dir / rel, test)
+
+
+@dataclass(frozen=True)
 class GuestLayout:
     """Where everything is. The defaults are the guest's; tests override them."""
 
@@ -78,7 +112,7 @@ class GuestLayout:
     state_mount: Path = Path("/var/lib/affidavit")
     run_dir: Path = Path("/run/affidavit")
     sev_guest: Path = Path("/dev/sev-guest")
-    model_dir: Path = Path("/opt/model")
+    model_dir: Path = Path("/opt/model")  # the model disk, mounted by /init
     input_devices: Path = Path("/proc/bus/input/devices")
     python: str = "python3.11"
     nft: str = "/usr/sbin/nft"
@@ -91,13 +125,17 @@ class GuestLayout:
     engine_uid: int = 1002
     harness_uid: int = 1003
     switch_users: bool = True  # False: every service runs as this process's uid (tests)
-    model_name: str = "affidavit-tiny"
     engine_start_timeout: float = 1800.0  # torch under TCG is slow
     start_timeout: float = 300.0
     diverge_period: timedelta = timedelta(days=7)
     diverge_timeout: float = 6 * 3600.0
     selftest_timeout: float = 1800.0
     env: dict[str, str] = field(default_factory=dict)  # added to every service's environment
+
+    @cached_property
+    def model(self) -> ModelDisk:
+        """The model disk's ``model.json``, read once (``StartError`` if it is unusable)."""
+        return read_model_disk(self.model_dir)
 
     @property
     def record_dir(self) -> Path:
@@ -318,7 +356,7 @@ def write_appliance_json(layout: GuestLayout) -> None:
             proxy_url=layout.url(layout.proxy_port),
             control_socket=str(layout.control_socket),
             store=str(layout.record_dir / "record.db"),
-            model=layout.model_name,
+            model=layout.model.name,
             api="openai",
             engine_url=layout.url(layout.engine_port),
         )
@@ -361,8 +399,8 @@ def services(layout: GuestLayout) -> dict[str, Service]:
     return {
         "engine": _service(
             layout, "engine", e, e,
-            [*cli, "engine", "serve", "--model", str(layout.model_dir), "--host", "127.0.0.1",
-             "--port", str(layout.engine_port), "--model-name", layout.model_name,
+            [*cli, "engine", "serve", "--model", str(layout.model.path), "--host", "127.0.0.1",
+             "--port", str(layout.engine_port), "--model-name", layout.model.name,
              "--log-level", "warning"],
             0o077,
         ),
@@ -501,6 +539,14 @@ def run_appliance(
         say(f"evidence: none collected: {layout.sev_guest} does not exist")
     else:
         report = snp_report(layout.sev_guest, data)
+    model = layout.model
+    if model.test_model is None:
+        say(f"model: {model.name} ({model.path})")
+    else:
+        say(
+            f"model: WARNING: TEST MODEL {model.name} ({model.path}): a test build"
+            f" (test model {model.test_model}), NOT the release's model"
+        )
     write_appliance_json(layout)
     specs = services(layout)
     sup = Supervisor(say, reap_all=os.getpid() == 1)

@@ -8,10 +8,15 @@ Two profiles:
   the serial console. One verity disk: a 4 MiB stand-in for the weights.
 * ``full``: the appliance. The initrd holds busybox, Python, ``nft``, ``cryptsetup`` and
   ``mke2fs``; every Python package (torch included) is on the *application disk*, a
-  squashfs behind dm-verity, and the engine's model on the *model disk*, another. ``/init``
+  squashfs behind dm-verity, and the engine's model on the *model disk*, another: the
+  release model (SmolLM2-135M-Instruct, one GGUF file pinned by sha256 in
+  :mod:`inference.pull`) and a ``model.json`` that tells the guest what to serve. ``/init``
   opens both, mounts them and hands over to :mod:`enclave_image.appliance` (network rules,
   the encrypted state disk and keys, engine, proxy and harness as services, the divergence
-  timer). The state disk is the deployment's, not the build's.
+  timer). The state disk is the deployment's, not the build's. ``test_model="tiny"`` puts
+  the tiny model on the model disk instead, for QEMU test boots (the real model under
+  software emulation is far too slow): a *test build*, marked in ``inputs.json`` and on
+  the console, whose measurement is never a release's (``image measure`` refuses it).
 
 Every Debian package and wheel is taken through :mod:`enclave_image.inputs`, so only the
 bytes the lock pins are used. Debian's generic kernel builds virtio, device-mapper and
@@ -38,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from enclave_image.contents import (
     FULL_DEBS,
@@ -54,18 +59,31 @@ from enclave_image.tool import run_tool
 from enclave_image.verity import cmdline, format_verity
 
 __all__ = [
+    "MODEL_JSON",
+    "RELEASE_MODEL",
+    "TEST_MODELS",
     "BootResult",
     "BuildResult",
     "Profile",
+    "TestModel",
     "TrialBoot",
     "boot",
     "build_image",
     "build_reduced",
+    "model_tree",
     "qemu_command",
     "trial_boot_options",
+    "write_inputs",
 ]
 
 Profile = Literal["reduced", "full"]
+#: What a test build may put on the full profile's model disk instead of the release model.
+TestModel = Literal["tiny"]
+TEST_MODELS: tuple[str, ...] = get_args(TestModel)
+#: The model the full profile ships (a name in ``inference.pull.KNOWN_MODELS``).
+RELEASE_MODEL = "smollm2-135m"
+#: The model disk's description of itself, at its root: what the guest's engine serves.
+MODEL_JSON = "model.json"
 
 MODEL_BYTES = 4 * 1024 * 1024
 MODEL_SALT = bytes.fromhex("a1" * 32)
@@ -177,6 +195,7 @@ class BuildResult:
     app: Path | None = None  # the full profile's application disk
     app_verity: Path | None = None
     inputs: Path | None = None
+    test_model: TestModel | None = None  # a test build's model: never measured for a release
 
     @property
     def disks(self) -> list[Path]:
@@ -302,6 +321,63 @@ def _stand_in_model(out_dir: Path) -> Path:
     return model
 
 
+def _release_model(tree: Path, cache: Path | None, say: Say) -> dict[str, object]:
+    """The release model's GGUF file, verified against ``inference.pull``'s pin."""
+    from inference.pull import KNOWN_MODELS, ensure_model
+
+    known = KNOWN_MODELS[RELEASE_MODEL]
+    say(f"the model disk: {known.name} ({known.filename}, pinned by sha256)")
+    source = ensure_model(known.name, cache, progress=lambda line: say(f"model: {line}"))
+    shutil.copyfile(source, tree / known.filename)
+    digest = file_sha256(tree / known.filename)  # the bytes that go in, not the cache's
+    if digest != known.file_sha256:
+        raise RuntimeError(
+            f"{known.filename}: copied with sha256 {digest}, the pin is {known.file_sha256}"
+        )
+    return {
+        "name": known.name,
+        "path": known.filename,
+        "sha256": digest,
+        "source": f"{known.wheel} (PyPI {known.requirement}, sha256 {known.wheel_sha256}),"
+        f" member {known.member}",
+    }
+
+
+def _tiny_model(tree: Path, say: Say) -> dict[str, object]:
+    """The tiny model (``inference.make_model``), in a folder of its own on the disk."""
+    from inference.make_model import make_model  # the engine extra, build side only
+
+    say("the model disk: TEST MODEL affidavit-tiny (inference.make_model), not the release's")
+    made = make_model(tree / "affidavit-tiny")
+    return {"name": "affidavit-tiny", "path": "affidavit-tiny", "files": made.file_sha256}
+
+
+def model_tree(
+    tree: Path,
+    *,
+    test_model: TestModel | None = None,
+    model_cache: Path | None = None,
+    say: Say = lambda _: None,
+) -> dict[str, object]:
+    """Assemble the full profile's model disk in ``tree`` (created; must not exist): the
+    release model, or ``test_model`` for a test build, and ``model.json`` naming what the
+    guest serves (``name``, ``path`` relative to the disk, ``test_model``). Modes are set
+    here, not left to the umask: the engine reads the disk as its own uid. Returns what
+    ``inputs.json`` records of the model."""
+    if test_model is not None and test_model not in TEST_MODELS:
+        raise ValueError(f"test model {test_model!r}: {' or '.join(TEST_MODELS)}")
+    tree.mkdir(parents=True)
+    if test_model == "tiny":
+        record = _tiny_model(tree, say)
+    else:
+        record = _release_model(tree, model_cache, say)
+    guest = {"name": record["name"], "path": record["path"], "test_model": test_model}
+    (tree / MODEL_JSON).write_text(json.dumps(guest, indent=1, sort_keys=True) + "\n")
+    for path in (tree, *tree.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return record
+
+
 def _squashfs(tree: Path, out: Path, epoch: int) -> None:
     """A reproducible squashfs of ``tree`` (fixed times and owners, one sorted order)."""
     out.unlink(missing_ok=True)
@@ -338,6 +414,21 @@ def _passwd(root: Path) -> None:
 Say = Callable[[str], None]
 
 
+def write_inputs(
+    out_dir: Path,
+    inputs: dict[str, object],
+    *,
+    model: dict[str, object] | None,
+    test_model: TestModel | None,
+) -> Path:
+    """``inputs.json``: what went in, with the model disk's model (full profile) and
+    ``test_model``, which marks a test build: ``image measure`` reads it and refuses one."""
+    path = out_dir / "inputs.json"
+    doc = {**inputs, "model": model, "test_model": test_model}
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return path
+
+
 def build_image(
     out_dir: Path | str,
     cache_dir: Path | str,
@@ -345,11 +436,23 @@ def build_image(
     profile: Profile = "reduced",
     epoch: int = 0,
     lock_file: Path | None = None,
+    test_model: TestModel | None = None,
+    model_cache: Path | None = None,
     say: Say = lambda _: None,
 ) -> BuildResult:
-    """Build ``profile`` into ``out_dir`` from the lock's inputs (cached in ``cache_dir``)."""
+    """Build ``profile`` into ``out_dir`` from the lock's inputs (cached in ``cache_dir``).
+
+    The full profile's model is the release model (from ``model_cache``, default
+    ``inference.pull``'s cache, fetched pinned if absent); ``test_model`` makes a test build
+    instead (module docstring)."""
     if profile not in ("reduced", "full"):
         raise ValueError(f"{profile!r}: reduced or full")
+    if test_model is not None and profile != "full":
+        raise ValueError(f"test model {test_model!r}: only the full profile has a model disk")
+    if test_model is not None and test_model not in TEST_MODELS:
+        raise ValueError(f"test model {test_model!r}: {' or '.join(TEST_MODELS)}")
+    if test_model is not None:
+        say(f"TEST BUILD (test model {test_model}): its measurement is NOT the release's")
     out_dir, cache_dir = Path(out_dir), Path(cache_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = pinned_lock(lock_file)
@@ -380,20 +483,20 @@ def build_image(
         etc = root / "etc/affidavit"
         etc.mkdir(parents=True, exist_ok=True)
         (etc / "modules").write_text("\n".join(modules) + "\n")
-        model_tree = work / "model"
+        model_record: dict[str, object] | None = None
         if full:
             app_tree = work / "app"
             _install(app_tree / "site-packages", wheels, ours)
             say("compiling bytecode for the application disk")
             _compile(app_tree, app_tree, prefix="/opt/affidavit", say=say)
-            say("the tiny model for the model disk")
-            from inference.make_model import make_model  # the engine extra, build side only
-
-            make_model(model_tree)
+            models = work / "model"
+            model_record = model_tree(
+                models, test_model=test_model, model_cache=model_cache, say=say
+            )
             say("squashfs of the application and model disks")
             model = out_dir / "model.img"
             _squashfs(app_tree, out_dir / "app.img", epoch)
-            _squashfs(model_tree, model, epoch)
+            _squashfs(models, model, epoch)
             (etc / "udhcpc.sh").write_text(UDHCPC)
             (etc / "udhcpc.sh").chmod(0o755)
             _passwd(root)
@@ -438,8 +541,7 @@ def build_image(
     cmdline_path.write_text(" ".join(parts) + "\n")
     (out_dir / "model-weights.sha256").write_text(f"sha256:{model_digest}\n")
     root_hash = re.search(r"sha256 ([0-9a-f]{64})", words[0])
-    inputs = out_dir / "inputs.json"
-    inputs.write_text(json.dumps({
+    inputs = write_inputs(out_dir, {
         "profile": profile,
         "lock_sha256": file_sha256(lock_file or LOCK_FILE),
         "kernel": _kernel_entry(lock),
@@ -447,7 +549,10 @@ def build_image(
         "wheels": wheel_digests,
         "affidavit_wheel": ours_digest,
         "epoch": epoch,
-    }, indent=1, sort_keys=True) + "\n")  # fmt: skip
+    }, model=model_record, test_model=test_model)  # fmt: skip
+    if test_model is not None:
+        say(f"TEST BUILD (test model {test_model}) in {out_dir}: for QEMU test boots only;"
+            " `affidavit image measure` refuses it")  # fmt: skip
     return BuildResult(
         out_dir=out_dir,
         profile=profile,
@@ -461,6 +566,7 @@ def build_image(
         app=app_disk,
         app_verity=app_hashes,
         inputs=inputs,
+        test_model=test_model,
     )
 
 
@@ -482,6 +588,9 @@ READY_RE = re.compile(r"affidavit-appliance ready .*")
 #: one pinned agent turn the guest runs through its own proxy.
 SELFTEST_RE = re.compile(r"selftest: turn .*")
 STATE_DISK_BYTES = 256 * 1024 * 1024
+#: The full profile's test boots' vCPU: numpy (the GGUF reader's) needs x86-64-v2 (SSE4.2,
+#: POPCNT), which QEMU's default TCG vCPU (qemu64) lacks; any SEV-SNP host's EPYC has it.
+TEST_CPU = "Nehalem"
 
 
 @dataclass(frozen=True)
@@ -502,7 +611,8 @@ def trial_boot_options(
     hardware's (``affidavit.keysource=test-insecure``: a different command line, so never
     the published measurement) and a loopback TCP listener the guest's network rules are
     probed against (``affidavit.probe=10.0.2.2:<port>``, QEMU's address for the host), whose
-    accepted connections are counted in ``probe_accepted``."""
+    accepted connections are counted in ``probe_accepted``, and an x86-64-v2 vCPU
+    (``TEST_CPU``)."""
     if result.profile != "full":
         yield TrialBoot({})
         return
@@ -534,7 +644,7 @@ def trial_boot_options(
             words.append("affidavit.selftest=turn")
         try:
             yield TrialBoot(
-                {"append": " ".join(words), "state_disk": disk, "nic": True,
+                {"append": " ".join(words), "state_disk": disk, "nic": True, "cpu": TEST_CPU,
                  "memory_mb": 4096, "ready": SELFTEST_RE if selftest else READY_RE,
                  "timeout": 1500.0},
                 accepted,
@@ -559,10 +669,12 @@ def qemu_command(
     state_disk: Path | None = None,
     nic: bool = False,
     memory_mb: int = 1024,
+    cpu: str | None = None,
 ) -> list[str]:
     """QEMU with software emulation (TCG, no KVM) and OVMF, booting the built kernel and
     initrd directly with the image's verity disks (``/dev/vda`` on), then the writable
-    ``state_disk`` if given; ``append`` replaces ``cmdline.txt`` (a test boot's words)."""
+    ``state_disk`` if given; ``append`` replaces ``cmdline.txt`` (a test boot's words);
+    ``cpu`` is the vCPU model (default: QEMU's)."""
     args = [
         "qemu-system-x86_64", "-machine", "q35", "-accel", "tcg", "-m", str(memory_mb),
         "-smp", "1", "-nographic", "-no-reboot",
@@ -571,6 +683,7 @@ def qemu_command(
         "-kernel", str(out_dir / "vmlinuz"), "-initrd", str(out_dir / "initrd.img"),
         "-append", append if append is not None else (out_dir / "cmdline.txt").read_text().strip(),
     ]  # fmt: skip
+    args += ["-cpu", cpu] if cpu else []
     args += ["-nic", "user,model=virtio-net-pci"] if nic else ["-net", "none"]
     for disk in _disks(out_dir):
         args += ["-drive", f"file={disk},if=virtio,format=raw,readonly=on"]

@@ -1,7 +1,8 @@
-"""``affidavit image …``: the enclave image's commands: ``verity``, ``initrd``, ``inputs``
-``measure`` and ``build`` (the reduced profile; ``--boot`` boots it under QEMU).
+"""``affidavit image …``: the enclave image's commands: ``verity``, ``initrd``, ``inputs``,
+``lock``, ``measure``, ``compare`` and ``build`` (``--boot`` boots it under QEMU).
 
-Exit codes: 0 fine, 1 a problem was found (``inputs``: a cached input missing or changed),
+Exit codes: 0 fine, 1 a problem was found (``inputs``: a cached input missing or changed;
+``measure``: the image is a test build, without ``--allow-test-model``),
 2 usage error (a bad salt, UUID, image size, version, key or vCPU type, a folder for the
 image), 3 an input is missing (the image, the tree, the lock, the OVMF, the release key).
 ``--json`` prints one JSON document on stdout; errors go to stderr.
@@ -197,17 +198,27 @@ def measure(
     replace: Annotated[
         bool, typer.Option("--replace", help="replace an existing <version>.json")
     ] = False,
+    allow_test_model: Annotated[
+        bool,
+        typer.Option(
+            "--allow-test-model",
+            help="measure a test build (--test-model) anyway: never for a release",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
 ) -> None:
     """Compute an image's SEV-SNP launch measurements and publish them, signed.
 
     One measurement per (vCPU count, vCPU type) pair, for QEMU with guest features 0x1;
-    writes OUT/<version>.json in the published format and OUT/<version>.json.sig.
+    writes OUT/<version>.json in the published format and OUT/<version>.json.sig. A test
+    build (built with --test-model: inputs.json says so) is refused, exit 1, unless
+    --allow-test-model is given.
     """
     from attestation.measure import MeasureError
     from enclave_image.publish import (
         MissingInput,
         PublishError,
+        TestBuildError,
         measure_image,
         read_image_dir,
         read_private_key,
@@ -218,10 +229,21 @@ def measure(
     try:
         key = read_private_key(release_key)
         image = read_image_dir(folder)
+        if image.test_model is not None and allow_test_model:
+            print(
+                f"affidavit: WARNING: {folder} is a TEST build (test model {image.test_model}):"
+                " measured because of --allow-test-model; never publish it as a release",
+                file=sys.stderr,
+                flush=True,
+            )
         published = measure_image(
-            image, ovmf=ovmf, launches=launches, version=version, weights_digest=weights_digest
-        )
+            image, ovmf=ovmf, launches=launches, version=version,
+            weights_digest=weights_digest, allow_test_model=allow_test_model,
+        )  # fmt: skip
         publication = write_published(published, out, key, replace=replace)
+    except TestBuildError as exc:
+        print(f"affidavit: refusing to measure {folder}: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
     except MissingInput as exc:
         raise _missing(str(exc)) from None
     except (PublishError, MeasureError) as exc:
@@ -336,6 +358,15 @@ def build(
     lock: Annotated[
         Path | None, typer.Option(help="the lock file (default: the one in enclave_image/)")
     ] = None,
+    test_model: Annotated[
+        str | None,
+        typer.Option(
+            "--test-model",
+            metavar="tiny",
+            help="full only: a TEST build with this model on the model disk instead of the"
+            " release's (for QEMU test boots; `image measure` refuses it)",
+        ),
+    ] = None,
     epoch: Annotated[
         int | None,
         typer.Option(help="every file's mtime (default: $SOURCE_DATE_EPOCH, else 0)"),
@@ -348,33 +379,50 @@ def build(
     """Build the enclave image from the lock's pinned inputs.
 
     Writes vmlinuz, initrd.img, cmdline.txt, model.img + model.verity (full: app.img +
-    app.verity too), model-weights.sha256 and inputs.json. The reduced profile's boot prints
-    'affidavit-proxy healthy …'; the full one's 'affidavit-appliance ready …' (a test boot:
-    a fresh state disk, the test key source, a NIC). Needs apt-get, dpkg-deb, pip and, for
-    full, mksquashfs and the engine extra.
+    app.verity too), model-weights.sha256 and inputs.json. The full profile's model disk
+    holds the release model (SmolLM2-135M-Instruct, fetched pinned by `affidavit engine
+    pull`'s sha256); --test-model tiny makes a TEST build with the tiny model instead, for
+    QEMU boots under emulation. The reduced profile's boot prints 'affidavit-proxy healthy
+    …'; the full one's 'affidavit-appliance ready …' (a test boot: a fresh state disk, the
+    test key source, a NIC). Needs apt-get, dpkg-deb, pip and, for full, mksquashfs and the
+    engine extra.
     """
+    from enclave_image.build import TEST_MODELS, build_image, trial_boot_options
     from enclave_image.build import boot as boot_image
-    from enclave_image.build import build_image, trial_boot_options
     from enclave_image.initrd import source_date_epoch
     from enclave_image.inputs import InputError
     from enclave_image.lock import LockError
+    from inference.pull import PullError
 
     if profile not in ("reduced", "full"):
         raise typer.BadParameter(f"{profile!r}: reduced or full", param_hint="--profile")
+    if test_model is not None and test_model not in TEST_MODELS:
+        raise typer.BadParameter(
+            f"{test_model!r}: {' or '.join(TEST_MODELS)}", param_hint="--test-model"
+        )
+    if test_model is not None and profile != "full":
+        raise typer.BadParameter(
+            "only the full profile has a model disk to put a test model on",
+            param_hint="--test-model",
+        )
     if lock is not None and not lock.is_file():
         raise _missing(f"lock file {lock} does not exist")
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else print
     try:
         result = build_image(
             out, cache, profile="full" if profile == "full" else "reduced",
-            epoch=source_date_epoch(epoch), lock_file=lock, say=lambda line: say(f"build: {line}"),
+            epoch=source_date_epoch(epoch), lock_file=lock,
+            test_model="tiny" if test_model == "tiny" else None,
+            say=lambda line: say(f"build: {line}"),
         )  # fmt: skip
     except LockError as exc:
         raise typer.BadParameter(str(exc), param_hint="--lock") from None
-    except (RuntimeError, InputError) as exc:
+    except (RuntimeError, InputError, PullError) as exc:
         print(f"affidavit: image build failed: {exc}", file=sys.stderr, flush=True)
         raise typer.Exit(1) from None
     doc: dict[str, object] = result.json()
+    if boot and profile == "full" and result.test_model is None:
+        say("build: booting the release model under TCG is slow; --test-model tiny is quicker")
     if boot:
         with trial_boot_options(result) as trial:
             booted = boot_image(out, say=lambda line: say(f"console: {line}"), **trial.options)

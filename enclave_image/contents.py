@@ -7,6 +7,8 @@ and :func:`lock_names` is what ``affidavit image lock`` asks it to cover.
 from __future__ import annotations
 
 import importlib.metadata
+import tomllib
+from pathlib import Path
 
 __all__ = [
     "FULL_DEBS",
@@ -130,6 +132,21 @@ FULL_MODULES = (
 )
 
 
+#: The checkout's project file: the image ships our wheel built from it.
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def _requires(name: str, extras: frozenset[str]) -> list[str]:
+    """``name``'s requirements. Ours come from the checkout's ``pyproject.toml`` when there
+    is one: the image's wheel is built from it, and the installed metadata is only as new as
+    the last ``pip install -e`` (a dependency added since would be left out of the image)."""
+    if name == "affidavit" and PYPROJECT.is_file():
+        project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+        optional = project.get("optional-dependencies", {})
+        return [*project["dependencies"], *(r for e in sorted(extras) for r in optional[e])]
+    return importlib.metadata.distribution(name).requires or []
+
+
 def full_wheels(
     root: str = "affidavit", extras: frozenset[str] = frozenset({"engine"})
 ) -> list[str]:
@@ -146,7 +163,7 @@ def full_wheels(
     todo: list[tuple[str, frozenset[str]]] = [(root, extras)]
     while todo:
         name, with_extras = todo.pop()
-        for text in importlib.metadata.distribution(name).requires or []:
+        for text in _requires(name, with_extras):
             req = Requirement(text)
             if req.marker is not None and not any(
                 req.marker.evaluate({"extra": e}) for e in (with_extras or {""})

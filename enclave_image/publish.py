@@ -4,7 +4,9 @@ An image folder (what ``affidavit image build`` writes) holds what the VMM boots
 ``vmlinuz`` (the kernel), ``initrd.img`` and ``cmdline.txt`` (the kernel command line; one
 trailing newline is dropped), and optionally
 ``model-weights.sha256`` (the model disk's digest: ``sha256:<hex>``, bare hex, or a
-``sha256sum`` line) or else ``model.img`` (the model disk the build writes, hashed). From it
+``sha256sum`` line) or else ``model.img`` (the model disk the build writes, hashed), and
+``inputs.json`` (what the build took; a *test build*, ``"test_model"`` set, carries a test
+model instead of the release's, and :func:`measure_image` refuses it unless told). From it
 and the pinned OVMF, :func:`measure_image` computes the
 SEV-SNP launch measurement for each vCPU count and type asked (``attestation.measure.
 launch_digest``: QEMU, guest features 0x1) and builds the published document of
@@ -57,6 +59,7 @@ __all__ = [
     "MissingInput",
     "Publication",
     "PublishError",
+    "TestBuildError",
     "compare_image",
     "image_digest",
     "measure_image",
@@ -67,6 +70,8 @@ __all__ = [
 ]
 
 KERNEL, INITRD, CMDLINE, WEIGHTS = "vmlinuz", "initrd.img", "cmdline.txt", "model-weights.sha256"
+#: What the build took (``enclave_image.build``); says whether it is a test build.
+INPUTS = "inputs.json"
 #: What ``affidavit image build`` names the command line and the model disk.
 MODEL_DISK = "model.img"
 #: The domain separator of :func:`image_digest`.
@@ -84,6 +89,12 @@ class MissingInput(PublishError):
     """An input file that is not there (the CLI exits 3)."""
 
 
+class TestBuildError(PublishError):
+    """A test build (a test model on the model disk) asked to be measured (the CLI exits 1)."""
+
+    __test__ = False  # not a pytest class, whatever its name
+
+
 @dataclass(frozen=True)
 class ImageInputs:
     """What an image folder holds, read and checked."""
@@ -92,6 +103,7 @@ class ImageInputs:
     initrd: Path
     cmdline: str
     weights_digest: str | None
+    test_model: str | None = None  # from inputs.json: a test build's model, never a release's
 
 
 @dataclass(frozen=True)
@@ -134,11 +146,12 @@ def read_image_dir(folder: Path | str) -> ImageInputs:
     """The kernel, initrd, command line and (if there) weights digest of an image folder.
 
     The weights digest is ``model-weights.sha256``, else the sha256 of ``model.img``, else
-    None.
+    None. ``test_model`` is ``inputs.json``'s (None without one).
 
     Raises:
         MissingInput: the folder, ``vmlinuz``, ``initrd.img`` or ``cmdline.txt`` is missing.
-        PublishError: a command line with a newline or NUL inside, a bad weights digest.
+        PublishError: a command line with a newline or NUL inside, a bad weights digest, an
+            ``inputs.json`` that is not a JSON object.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -163,7 +176,22 @@ def read_image_dir(folder: Path | str) -> ImageInputs:
         weights = f"sha256:{file_sha256(disk)}"
     else:
         weights = None
-    return ImageInputs(paths[KERNEL], paths[INITRD], cmdline, weights)
+    return ImageInputs(paths[KERNEL], paths[INITRD], cmdline, weights, _test_model(folder))
+
+
+def _test_model(folder: Path) -> str | None:
+    """``inputs.json``'s ``test_model``: a folder without the file is not marked."""
+    path = folder / INPUTS
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PublishError(f"{path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PublishError(f"{path} is not a JSON object")
+    value = doc.get("test_model")
+    return None if value is None else str(value)
 
 
 def read_private_key(path: Path | str) -> Ed25519PrivateKey:
@@ -202,6 +230,7 @@ def measure_image(
     launches: Sequence[tuple[int, str]],
     version: str,
     weights_digest: str | None = None,
+    allow_test_model: bool = False,
 ) -> Published:
     """The published document for an image: its digests and one SNP measurement per launch.
 
@@ -212,13 +241,21 @@ def measure_image(
         version: the release, also the file's name (letters, digits, ``._+-``).
         weights_digest: the model weights' digest when the folder has none; when both are
             given they must agree.
+        allow_test_model: measure a test build anyway (never for a release).
 
     Raises:
+        TestBuildError: the image is a test build and ``allow_test_model`` is false.
         MissingInput: no OVMF file.
         PublishError: a bad version, no launches, no or conflicting weights digest.
         attestation.measure.MeasureError: the firmware cannot measure the kernel, a bad vCPU
             type or count.
     """
+    if inputs.test_model is not None and not allow_test_model:
+        raise TestBuildError(
+            f"the image is a TEST build (test model {inputs.test_model!r} in its {INPUTS}): its"
+            " model disk is not the release's; build without --test-model to publish, or give"
+            " --allow-test-model to measure it anyway"
+        )
     if not _VERSION.fullmatch(version):
         raise PublishError(f"version {version!r}: letters, digits and ._+- only")
     if not launches:
@@ -292,8 +329,9 @@ def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str
     The fields: ``image_digest``, ``kernel_cmdline``, ``model_weights_digest`` (skipped when
     the image folder has no weights digest), ``firmware.ovmf_sha256`` (skipped when the file
     publishes none) and one ``snp[<vcpus> x <type>]`` per published launch, measured with
-    ``ovmf`` for that vCPU count and type exactly as :func:`measure_image` does. The caller
-    checks the file's signature first (``load_published``).
+    ``ovmf`` for that vCPU count and type exactly as :func:`measure_image` does; a test
+    build gets a ``test_model`` line first, saying so (not a check: the fields then differ
+    by themselves). The caller checks the file's signature first (``load_published``).
 
     Raises:
         MissingInput: no OVMF file.
@@ -309,7 +347,15 @@ def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str
             return Check(name, True, ours)
         return Check(name, False, f"rebuilt {ours}, published {theirs}")
 
-    checks = [
+    checks = [] if inputs.test_model is None else [
+        Check(
+            "test_model",
+            None,
+            f"the rebuilt image is a TEST build (test model {inputs.test_model}): a release"
+            " never is, so its model disk and measurements cannot be a release's",
+        )
+    ]  # fmt: skip
+    checks += [
         same(
             "image_digest",
             image_digest(inputs.kernel, inputs.initrd, inputs.cmdline),

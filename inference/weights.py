@@ -19,6 +19,10 @@ multi-gigabyte checkpoint should not be, so the hash is streamed with ``hashlib`
 the domain byte is written in exactly one place, as ``bytes((Domain.WEIGHTS,))``. The name
 and the length frame each file, so no two different file sets hash the same stream. The
 index JSON and the other files of the directory are not weights and are not covered.
+
+A GGUF checkpoint is one file that holds the weights, the tokenizer and the chat template
+together; its digest is the same rule over that one file, so it covers every byte the
+engine loads from it.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from safetensors.torch import load_file
 
 from record.digest import PREFIX, Domain
 
-__all__ = ["load_weights", "weight_files", "weights_digest"]
+__all__ = ["files_digest", "load_weights", "weight_files", "weights_digest"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _CHUNK = 1 << 20
@@ -71,8 +75,13 @@ def load_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def weights_digest(model_dir: str | Path) -> str:
     """``sha256:<hex>`` of the weight files, by the rule in the module docstring."""
+    return files_digest(weight_files(model_dir))
+
+
+def files_digest(files: list[Path]) -> str:
+    """``sha256:<hex>`` of ``files`` in the given order (a GGUF checkpoint is one file)."""
     h = hashlib.sha256(bytes((Domain.WEIGHTS,)))
-    for path in weight_files(model_dir):
+    for path in files:
         h.update(path.name.encode("utf-8"))
         h.update(b"\x00")
         size = path.stat().st_size

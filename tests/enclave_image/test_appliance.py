@@ -1,7 +1,8 @@
 """The full profile's guest program (``enclave_image.appliance``), its pieces run on the host.
 
 Real parts throughout: the supervisor starts and restarts real processes; the health test
-runs the real engine (the tiny model), the proxy runner and the harness panel on loopback
+runs the real engine (a test build's model disk: the tiny model), the proxy runner and the
+harness panel on loopback
 under this uid and waits for the ready line; the ruleset is loaded with ``nft`` into a
 network namespace of the test's own and probed as uid 1003 and 1001 (root only); the state
 disk is formatted with ``cryptsetup`` in a file. The one double is the TEE: no SEV-SNP
@@ -316,10 +317,10 @@ def _free_ports(n: int) -> list[int]:
 
 def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
     from attestation.binding import binding_digest
-    from inference.make_model import make_model
+    from enclave_image.build import model_tree
     from record.sqlite_store import SQLiteStore
 
-    make_model(tmp_path / "model")
+    model_tree(tmp_path / "model", test_model="tiny")  # the disk a test build ships
     engine, proxy, harness = _free_ports(3)
     (tmp_path / "state").mkdir()
     layout = GuestLayout(
@@ -387,6 +388,10 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
     assert any(x.startswith("health: engine answers /v1/models") for x in before)
     assert any(x.startswith("timer: divergence check every 7d, next 20") for x in before)
     assert "evidence: none collected: keysource=test-insecure (no TEE to ask)" in before
+    assert (
+        f"model: WARNING: TEST MODEL affidavit-tiny ({tmp_path / 'model' / 'affidavit-tiny'}):"
+        " a test build (test model tiny), NOT the release's model"
+    ) in before
     data = bytes.fromhex(line.rsplit("report_data=", 1)[1])
     assert line.startswith(
         f"affidavit-appliance ready engine=http://127.0.0.1:{engine} "
@@ -416,6 +421,7 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
     assert data[:32] == binding_digest(log_key, sealing.public.public_bytes_raw())
     home = json.loads((tmp_path / "state" / "home" / "appliance.json").read_text())
     assert home["proxy_url"] == f"http://127.0.0.1:{proxy}"
+    assert home["model"] == "affidavit-tiny"
     assert "keys: created at first boot in " + str(tmp_path / "state" / "record") in lines
     assert any(x.startswith("supervisor: engine stopped") for x in said)
     # The self-test turn ran through the proxy, after the ready line.

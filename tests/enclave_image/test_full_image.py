@@ -7,11 +7,17 @@ The full build takes about five minutes and its boot several more under software
 so this module runs only when ``AFFIDAVIT_FULL_IMAGE=1`` (``make image-full`` sets it); the
 reduced profile's build and boot are in ``test_boot.py`` and run in ``make test``.
 The boot uses the test key source (``affidavit.keysource=test-insecure``): there is no
-SEV-SNP here to derive the state disk's key, and the guest says so on the console.
+SEV-SNP here to derive the state disk's key, and the guest says so on the console. The image
+is a *test build* (``test_model="tiny"``, ``affidavit image build --test-model tiny``): the
+release model, SmolLM2-135M-Instruct, would take far too long under software emulation, so
+the model disk holds the tiny model; ``inputs.json`` and the console say so, and ``image
+measure`` refuses such a build. What a release measures is the build without the option
+(its model disk: ``test_model_disk.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -39,7 +45,7 @@ for _tool in ("qemu-system-x86_64", "mksquashfs", "dpkg-deb"):
 
 @pytest.fixture(scope="module")
 def image() -> BuildResult:
-    return build_image(OUT, CACHE, profile="full", epoch=0, say=print)
+    return build_image(OUT, CACHE, profile="full", epoch=0, test_model="tiny", say=print)
 
 
 def _line(console: str, pattern: str) -> str:
@@ -52,6 +58,9 @@ def _line(console: str, pattern: str) -> str:
 @pytest.mark.timeout(3600)
 def test_the_full_image_boots_twice_keeping_its_keys(image: BuildResult, tmp_path: Path) -> None:
     assert "affidavit.keysource=snp" in image.cmdline.read_text()  # what is published
+    assert image.inputs is not None and image.test_model == "tiny"
+    inputs = json.loads(image.inputs.read_text())
+    assert inputs["test_model"] == "tiny" and inputs["model"]["name"] == "affidavit-tiny"
     state = tmp_path / "state.img"
     consoles = []
     for n in (1, 2):
@@ -71,6 +80,7 @@ def test_the_full_image_boots_twice_keeping_its_keys(image: BuildResult, tmp_pat
         _line(console, r"netrules: uid 1001 -> 10\.0\.2\.2:\d+ connected")
         assert len(accepted) == 1, accepted
         _line(console, r"state: WARNING: keysource=test-insecure")
+        _line(console, r"^model: WARNING: TEST MODEL affidavit-tiny \(/opt/model/affidavit-tiny\)")
         assert re.search(r"engine=http://127\.0\.0\.1:\d+ proxy=http://127\.0\.0\.1:8700 "
                          r"harness=http://127\.0\.0\.1:\d+", ready)  # fmt: skip
     first, second = consoles

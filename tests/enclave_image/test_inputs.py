@@ -36,11 +36,24 @@ def test_the_committed_lock_pins_every_input_the_profiles_name() -> None:
     assert len(kernels) == 1, kernels  # one versioned generic kernel (it has sev-guest)
     wheels = {dist_key(w.name) for w in lock.wheels}
     assert {dist_key(n) for n in REDUCED_WHEELS} <= wheels
-    assert {"torch", "tokenizers", "safetensors", "openai", "mcp"} <= wheels  # the full one
+    assert {"torch", "tokenizers", "safetensors", "gguf", "openai", "mcp"} <= wheels  # full
     assert len(wheels) == len(lock.wheels)  # no distribution twice
     for deb in lock.debian:
         assert deb.url.startswith("http://deb.debian.org/debian"), deb.url
     assert json.loads(LOCK_FILE.read_text())["format"] == FORMAT
+
+
+def test_the_committed_lock_covers_the_checkouts_engine_closure() -> None:
+    """The image's wheel is built from the checkout, so the lock must pin every distribution
+    the checkout's ``affidavit[engine]`` needs (read from its pyproject.toml, not from the
+    installed metadata, which may predate a new dependency): a dependency added without
+    `affidavit image lock` fails here, not in a guest that cannot import it."""
+    pytest.importorskip("packaging", reason="`affidavit image lock` needs the dev extra")
+    from enclave_image.contents import full_wheels
+
+    closure = {dist_key(n) for n in full_wheels()}
+    assert {"gguf", "numpy", "requests"} <= closure
+    assert closure <= {dist_key(w.name) for w in pinned_lock().wheels}
 
 
 def _lock(tmp_path: Path) -> tuple[Lock, Path]:

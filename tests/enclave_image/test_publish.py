@@ -212,3 +212,41 @@ def test_the_release_public_key_is_committed_and_is_what_verify_pins() -> None:
     for path in (repo / "measurements").iterdir():
         text = path.read_bytes()
         assert b"PRIVATE KEY" not in text, path
+
+
+def test_measure_refuses_a_test_build_unless_told(
+    tmp_path: Path, ovmf: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A test build (``image build --test-model tiny``: its ``inputs.json`` says so) carries
+    the tiny model, not the release's: ``measure`` exits 1 and writes nothing, unless
+    ``--allow-test-model``; ``compare`` labels it."""
+    from enclave_image.build import write_inputs
+
+    image = make_image(tmp_path / "image")
+    write_inputs(image, {"profile": "full"}, model={"name": "affidavit-tiny"}, test_model="tiny")
+    write_key(tmp_path / "k", "pem")
+    out = tmp_path / "m"
+    argv = ["image", "measure", str(image), "--ovmf", str(ovmf), "--vcpus", "1"]
+    argv += ["--vcpu-type", "EPYC-v4", "--version", "1", "--release-key", str(tmp_path / "k")]
+    argv += ["--out", str(out)]
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "refusing to measure" in err and "TEST build" in err and "--allow-test-model" in err
+    assert not out.exists()
+    with pytest.raises(PublishError, match="TEST build"):
+        measure_image(read_image_dir(image), ovmf=ovmf, launches=[(1, "EPYC-v4")], version="1")
+
+    assert main([*argv, "--allow-test-model"]) == 0
+    assert "WARNING" in capsys.readouterr().err and (out / "1.json").is_file()
+    pub = tmp_path / "k.pub"
+    key = read_private_key(tmp_path / "k")
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    pub.write_text(base64.b64encode(raw).decode() + "\n")
+    compare = ["image", "compare", str(image), str(out / "1.json"), "--ovmf", str(ovmf)]
+    assert main([*compare, "--release-key", str(pub)]) == 0  # a label, not a failed check
+    assert "skip test_model: the rebuilt image is a TEST build" in capsys.readouterr().out
+
+    # the same folder as a release build's (test_model null) is measured as before
+    write_inputs(image, {"profile": "full"}, model={"name": "smollm2-135m"}, test_model=None)
+    assert main([*argv, "--replace"]) == 0

@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.demo import ChangingWeb
 from harness.state import Home
-from harness.up import RunningAppliance, _serve, running_appliance
+from harness.up import TINY_MODEL, RunningAppliance, _serve, running_appliance
 from tests.egress_proxy.tool_rig import REMOTE_TOKEN
 
 LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
@@ -100,6 +100,11 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
                 "idempotent_tools": ["peek"],
             }
         with running_appliance(
-            home, mcp_servers=servers, search_url=url + "/search?q={query}", env=env, clock=CLOCK
+            home,
+            engine=TINY_MODEL,
+            mcp_servers=servers,
+            search_url=url + "/search?q={query}",
+            env=env,
+            clock=CLOCK,
         ) as up:
             yield HarnessRig(home, up, web, url, ledger, remote)

@@ -43,6 +43,7 @@ def test_the_tree_holds_every_part_s_commands() -> None:
         ("log", "checkpoint"),
         ("engine", "make-model"),
         ("engine", "serve"),
+        ("engine", "pull"),
     }
     assert expected <= set(PATHS)
 

@@ -39,7 +39,7 @@ from harness.diverge import (
 from harness.session import open_session, run_turn
 from harness.state import Home
 from harness.tools import ToolOutput
-from harness.up import running_appliance
+from harness.up import TINY_MODEL, running_appliance
 from record.cli import UsageError
 from tests.egress_proxy.loopback import LoopbackServer
 
@@ -112,7 +112,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
     with (
         LoopbackServer(page_app) as web,
         LoopbackServer(receiver) as hook,
-        running_appliance(home, search_url=web.url + "/search?q={query}"),
+        running_appliance(home, engine=TINY_MODEL, search_url=web.url + "/search?q={query}"),
     ):
         streams = []
         for pins in (STRICT, LOOSE):

@@ -34,7 +34,7 @@ from harness.panel.server import running_panel
 from harness.panel.source import ApplianceSource, BundleSource
 from harness.session import open_session, read_bodies, run_turn
 from harness.state import Home
-from harness.up import running_appliance
+from harness.up import TINY_MODEL, running_appliance
 from record.bundle import export_stream, verify_bundle
 from record.schema import ModelRequest
 from record.seal import KeyPair
@@ -406,7 +406,7 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Diverged]:
 
     root = tmp_path_factory.mktemp("diverged")
     home = Home(root / "home")
-    with running_appliance(home, clock=CLOCK):
+    with running_appliance(home, engine=TINY_MODEL, clock=CLOCK):
         state = open_session(home, PINS, policy=TurnPolicy(1, ("none",)))
         result = run_turn(home, state.session_id, "Tell me about the weather.")
         assert result.outcome in ("ANSWERED", "STEP_LIMIT"), result.detail
@@ -415,7 +415,7 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Diverged]:
     weights = load_file(changed / "model.safetensors")
     weights["model.layers.1.mlp.down_proj.weight"] *= 8.0
     save_file(weights, changed / "model.safetensors")
-    with running_appliance(home, model_dir=changed, clock=CLOCK):
+    with running_appliance(home, engine=changed, clock=CLOCK):
         yield Diverged(home, state.session_id)
 
 

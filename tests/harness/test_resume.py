@@ -47,7 +47,7 @@ from harness.agent import TurnPolicy
 from harness.cli import main
 from harness.session import open_session, pending_calls, read_bodies
 from harness.state import Home
-from harness.up import running_appliance
+from harness.up import TINY_MODEL, running_appliance
 from record.schema import (
     FetchRequest,
     ModelRequest,
@@ -517,7 +517,7 @@ def idempotent_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerR
         }
     }
     home = Home(tmp / "home")
-    with running_appliance(home, mcp_servers=servers, clock=CLOCK):
+    with running_appliance(home, engine=TINY_MODEL, mcp_servers=servers, clock=CLOCK):
         yield LedgerRig(home, ledger)
 
 

@@ -30,7 +30,7 @@ def _cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
 def test_up_serves_the_cli_and_stops_on_sigterm(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "up", "--home", str(home)],
+        [sys.executable, "-m", "harness.cli", "up", "--model", "tiny", "--home", str(home)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -49,6 +49,7 @@ BLOCK_KEYS = [
     "clock",
     "model",
     "weights_digest",
+    "weights_source",
     "engine",
     "torch_version",
     "mkl_version",
