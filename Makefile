@@ -66,7 +66,9 @@ image: $(BIN)/.installed system-deps
 
 # The full profile (the appliance: engine, proxy, harness, network rules, encrypted state
 # disk) into .affidavit/image-full/, then two test boots under QEMU (TCG) on one state disk:
-# ~4 min build, ~2.5 min of boots.
+# ~4 min build, ~2.5 min of boots. It is a marked *test* build with the tiny model
+# (`--test-model tiny`: the real model under TCG is far too slow); a release image is
+# `affidavit image build --profile full` without it (docs/image.md).
 IMAGE_FULL_OUT ?= .affidavit/image-full
 image-full: $(BIN)/.installed system-deps
 	AFFIDAVIT_FULL_IMAGE=1 AFFIDAVIT_FULL_IMAGE_OUT=$(IMAGE_FULL_OUT) \

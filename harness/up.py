@@ -96,8 +96,9 @@ def running_appliance(
     embedded engine's model (:func:`engine_model`). ``clock`` fixes the instant the proxy
     injects (tests: the model's output then depends on nothing else). ``provider`` (a proxy
     provider table: ``api``, ``base_url``, ``api_key_env`` …) puts that provider behind the
-    proxy instead of the embedded engine, which then is not started (``model`` names the
-    provider's model)."""
+    proxy instead of the embedded engine, which then is not started. ``model`` names the
+    provider's model, or the id the engine serves its model under (default: from
+    :func:`engine_model`)."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -110,7 +111,8 @@ def running_appliance(
         import torch
 
         torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
-        model_path, model = engine_model(home, engine, say)
+        model_path, served = engine_model(home, engine, say)
+        model = model or served
     elif model is None:
         raise ValueError("a provider needs the model it serves")
     key_file = home.root / "appliance.key"

@@ -415,7 +415,7 @@ def diverged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Diverged]:
     weights = load_file(changed / "model.safetensors")
     weights["model.layers.1.mlp.down_proj.weight"] *= 8.0
     save_file(weights, changed / "model.safetensors")
-    with running_appliance(home, engine=changed, clock=CLOCK):
+    with running_appliance(home, engine=changed, model="affidavit-tiny", clock=CLOCK):
         yield Diverged(home, state.session_id)
 
 
