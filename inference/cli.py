@@ -359,7 +359,7 @@ def register(app: typer.Typer) -> None:
     )
     engine.command(
         "make-model",
-        short_help="Write the small model that ships with the product (deterministic).",
+        short_help="Write the random tiny model for fast tests (deterministic).",
         help="Write a tiny Qwen3-architecture checkpoint (config, safetensors weights from a "
         "fixed seed, a byte-level BPE tokenizer, a chat template with tool calls) into DIR, "
         "and check its digests against the committed known answers.",

@@ -1,4 +1,4 @@
-"""The small model that ships with the product, made the same way byte for byte on every run.
+"""The random tiny model for fast tests, made the same way byte for byte on every run.
 
 ``make_model(dir)`` writes a complete Hugging Face style Qwen3 checkpoint, tiny enough for
 tests and the demo (2 layers, hidden 64, 4 query heads over 2 key/value heads):

@@ -176,7 +176,9 @@ class Engine:
         mode, choice = tool_mode(request.tool_choice, tools)
         clock = parse_clock(request.clock) if request.clock is not None else None
         try:
-            text = self.tokenizer.render(plain_messages(request.messages), tools=tools, now=clock)
+            text = self.tokenizer.render(
+                plain_messages(request.messages), tools=self._shown_tools(tools, mode), now=clock
+            )
         except ChatTemplateError as exc:
             raise ApiError(str(exc), param="messages") from None
         prompt_ids = self.tokenizer.encode(text)
@@ -241,6 +243,14 @@ class Engine:
             tokens=self.tokens,
         )
         return job, reply
+
+    def _shown_tools(
+        self, tools: list[dict[str, Any]] | None, mode: str
+    ) -> list[dict[str, Any]] | None:
+        """The tools the prompt lists. A template without tool support is not shown tools it
+        may not call (``tool_choice: "none"``): a small model shown the fallback's tools
+        block answers in its markup instead of in words."""
+        return None if mode == "none" and not self.tokenizer.supports_tools else tools
 
     def _grammar(self, tools: list[dict[str, Any]], choice: Any) -> ToolCallGrammar:
         try:

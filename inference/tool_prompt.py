@@ -46,6 +46,9 @@ ChatML template thus renders the same bytes as the tiny template would. The rewr
    (their other keys, e.g. ``tool_call_id``, are not shown).
 
 Other messages keep their role and other keys.
+
+Under ``tool_choice: "none"`` the engine passes no ``tools`` here (so no block 2): the model
+may not call them, and a model this small, shown the block, answers in its markup.
 """
 
 from __future__ import annotations
