@@ -24,6 +24,7 @@ adjacent dimensions, Hugging Face's pairs halves); :func:`_unpermute` undoes it,
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ __all__ = [
     "GGUF_TENSOR_TYPES",
     "PRE_TOKENIZERS",
     "GgufCheckpoint",
+    "check_layout",
     "is_gguf",
     "read_gguf",
 ]
@@ -129,14 +131,120 @@ def is_gguf(path: str | Path) -> bool:
 
 
 def read_gguf(path: str | Path) -> GgufCheckpoint:
-    """Read and dequantize a GGUF checkpoint; refuse what the engine cannot run exactly."""
+    """Read and dequantize a GGUF checkpoint; refuse what the engine cannot run exactly.
+
+    The file is hostile until parsed: :func:`check_layout` first bounds every count and
+    length by the file's size (``gguf``'s reader trusts them, so a flipped length byte could
+    ask it for terabytes), and any error the reader raises on a malformed file becomes an
+    :class:`UnsupportedModelError` naming the file.
+    """
+    check_layout(path)
+    try:
+        return _read(path)
+    except UnsupportedModelError:
+        raise
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        raise UnsupportedModelError(f"{path}: not a readable GGUF file: {exc}") from None
+
+
+def check_layout(path: str | Path) -> None:
+    """Walk the header, metadata and tensor table, checking each count and length fits the
+    file (and each tensor's data, by its type's block size), before anything is allocated.
+
+    Hand-written because ``gguf``'s reader has no such bounds; it reads nothing else.
+    """
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    size = Path(path).stat().st_size
+    with Path(path).open("rb") as handle:
+        data = handle.read(min(size, _HEADER_SCAN_LIMIT))
+    scan = _Scan(data, size, str(path))
+    if scan.take(4) != GGUF_MAGIC:
+        raise UnsupportedModelError(f"{path}: not a GGUF file (no GGUF magic)")
+    version = scan.number("<I")
+    if version not in (2, 3):
+        raise UnsupportedModelError(f"{path}: GGUF version {version} is not supported (2, 3)")
+    tensors, pairs = scan.number("<Q"), scan.number("<Q")
+    scan.fits(pairs * 13 + tensors * 24, "the header's counts reach")
+    for _ in range(pairs):
+        scan.string()
+        scan.value(scan.number("<I"))
+    needed = 0
+    for _ in range(tensors):
+        scan.string()
+        dims = scan.number("<I")
+        if not 1 <= dims <= 4:
+            raise UnsupportedModelError(f"{path}: a tensor claims {dims} dimensions")
+        count = 1
+        for _ in range(dims):
+            count *= scan.number("<Q")
+        kind = scan.number("<I")
+        scan.number("<Q")  # offset, checked by the reader against the data it maps
+        try:
+            block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            continue  # an unknown type: refused by name once the reader lists it
+        needed += count // block * nbytes
+    if needed > size:
+        raise UnsupportedModelError(
+            f"{path}: its tensors claim {needed} bytes of data; the file has {size}"
+        )
+
+
+_HEADER_SCAN_LIMIT = 256 << 20  # metadata larger than this is refused (vocabularies: a few MB)
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+class _Scan:
+    """A cursor over the file's head that refuses any length running past its end."""
+
+    def __init__(self, data: bytes, size: int, path: str) -> None:
+        self.data, self.size, self.path, self.pos = data, size, path, 0
+
+    def fits(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > min(len(self.data), self.size):
+            raise UnsupportedModelError(
+                f"{self.path}: truncated or corrupt: {what} past the end of the file (or "
+                f"of its first {_HEADER_SCAN_LIMIT >> 20} MiB, the most metadata it may hold)"
+            )
+
+    def take(self, n: int) -> bytes:
+        self.fits(n, "a length reaches")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def number(self, fmt: str) -> int:
+        value: int = struct.unpack(fmt, self.take(struct.calcsize(fmt)))[0]
+        return value
+
+    def string(self) -> None:
+        self.take(self.number("<Q"))
+
+    def value(self, kind: int, depth: int = 0) -> None:
+        if kind in _SCALAR_SIZES:
+            self.take(_SCALAR_SIZES[kind])
+        elif kind == 8:
+            self.string()
+        elif kind == 9 and depth == 0:
+            item, count = self.number("<I"), self.number("<Q")
+            if item in _SCALAR_SIZES:
+                self.take(count * _SCALAR_SIZES[item])
+            else:
+                self.fits(count * 8, "an array reaches")
+                for _ in range(count):
+                    self.value(item, depth + 1)
+        else:
+            raise UnsupportedModelError(
+                f"{self.path}: metadata value type {kind} is not valid here"
+            )
+
+
+def _read(path: str | Path) -> GgufCheckpoint:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    try:
-        reader = GGUFReader(str(path))
-    except (ValueError, OSError, IndexError) as exc:  # the reader's own errors on bad files
-        raise UnsupportedModelError(f"{path}: not a readable GGUF file: {exc}") from None
+    reader = GGUFReader(str(path))
     meta = _Metadata(reader, str(path))
     arch = meta.text("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -161,6 +269,12 @@ def read_gguf(path: str | Path) -> GgufCheckpoint:
 
     tokens = meta.strings("tokenizer.ggml.tokens")
     config = _config(meta, arch, tensors, len(tokens))
+    blocks = {name.split(".")[1] for name in tensors if name.startswith("blk.")}
+    if config.num_hidden_layers != len(blocks):  # before anything is sized by the metadata
+        raise UnsupportedModelError(
+            f"{path}: metadata says {config.num_hidden_layers} blocks; the file holds "
+            f"tensors of {len(blocks)}"
+        )
     weights: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         values = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
@@ -250,8 +364,8 @@ def _hf_name(name: str, path: str) -> str:
     """``blk.3.attn_q.weight`` → ``model.layers.3.self_attn.q_proj.weight``."""
     stem, _, suffix = name.rpartition(".")
     if stem.startswith("blk."):
-        _, index, part = stem.split(".", 2)
-        mapped = _BLOCK_NAMES.get(part)
+        _, index, part = (stem + "..").split(".", 2)  # a short name maps to nothing
+        mapped = _BLOCK_NAMES.get(part.rstrip("."))
         if mapped is not None:
             return f"model.layers.{index}.{mapped}.{suffix}"
     elif stem in _TOP_NAMES:

@@ -68,8 +68,13 @@ class ChatTokenizer:
             eos_ids.add(eos_id)
         self._eos_ids = tuple(sorted(eos_ids))
         env = _environment()
-        self._template = env.from_string(chat_template) if chat_template else None
-        self._supports_tools = template_reads_tools(env, chat_template) if chat_template else False
+        try:  # a model file's template is outside input: a broken one is a typed error
+            self._template = env.from_string(chat_template) if chat_template else None
+            self._supports_tools = (
+                template_reads_tools(env, chat_template) if chat_template else False
+            )
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the chat template does not parse: {exc}") from None
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> ChatTokenizer:

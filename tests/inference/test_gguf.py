@@ -211,7 +211,7 @@ def test_a_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(path.read_bytes()[:4000])
-    with pytest.raises(UnsupportedModelError, match="not a readable GGUF file"):
+    with pytest.raises(UnsupportedModelError, match="truncated or corrupt"):
         read_gguf(cut)
 
 
@@ -415,3 +415,40 @@ def _greedy(model: DecoderModel, checkpoint: Checkpoint, prompt: str) -> list[in
     while len(out) < 24 and out[-1] not in checkpoint.tokenizer.eos_token_ids:
         out.append(int(model.decode([cache_], [out[-1]])[0].argmax()))
     return out
+
+
+def _patched(path: Path, find: bytes, after: int, value: bytes) -> Path:
+    """A copy of ``path`` with ``value`` written ``after`` bytes past the first ``find``."""
+    data = bytearray(path.read_bytes())
+    at = data.index(find) + len(find) + after
+    data[at : at + len(value)] = value
+    out = path.with_name("patched.gguf")
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("find", "after", "value", "message"),
+    [
+        (b"GGUF", 4, (1 << 60).to_bytes(8, "little"), "truncated or corrupt"),  # tensor count
+        (b"general.architecture", 4, (1 << 50).to_bytes(8, "little"), "truncated or corrupt"),
+        (b"llama.block_count", 4, (10**9).to_bytes(4, "little"), "metadata says 1000000000 blocks"),
+        (b"token_embd.weight", 4, (1 << 40).to_bytes(8, "little"), "claim"),  # a dimension
+    ],
+    ids=["tensor-count", "string-length", "block-count", "tensor-size"],
+)
+def test_lengths_and_counts_past_the_file_are_refused_before_allocating(
+    tmp_path: Path, find: bytes, after: int, value: bytes, message: str
+) -> None:
+    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
+    with pytest.raises(UnsupportedModelError, match=message):
+        read_gguf(_patched(path, find, after, value))
+
+
+def test_a_broken_chat_template_in_the_file_is_a_typed_error(tmp_path: Path) -> None:
+    from inference.tokenizer import ChatTemplateError
+
+    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
+    broken = _patched(path, b"{% for m in messages %}", -23, b"{% for m in messages }}")
+    with pytest.raises(ChatTemplateError, match="does not parse"):
+        load_checkpoint(broken)
