@@ -125,7 +125,7 @@ def write_gguf(
     writer.add_chat_template("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     for name, tensor in weights.items():
         array = tensor.numpy().astype(np.float32)
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
             array = _permute(array, heads)
         if qtype is not None and array.ndim == 2:
@@ -141,22 +141,17 @@ def write_gguf(
     return path
 
 
-@pytest.fixture(scope="module")
-def llama() -> DecoderModel:
-    return DecoderModel.random(LLAMA, seed=3)
-
-
-def _weights(model: DecoderModel) -> dict[str, Any]:
+def _weights(config: ModelConfig = LLAMA) -> dict[str, Any]:
+    """Random weights for every tensor of ``config`` (norms included)."""
     generator = torch.Generator().manual_seed(5)
     from inference.model import checkpoint_layout
 
-    return {
-        n: torch.randn(s, generator=generator) * 0.05 for n, s in checkpoint_layout(LLAMA).items()
-    }
+    layout = checkpoint_layout(config)
+    return {n: torch.randn(s, generator=generator) * 0.05 for n, s in layout.items()}
 
 
 def test_an_f32_llama_loads_to_the_same_logits_bit_for_bit(tmp_path: Path) -> None:
-    weights = _weights(DecoderModel.random(LLAMA))
+    weights = _weights()
     path = write_gguf(tmp_path / "m.gguf", weights)
     read = read_gguf(path)
     # GGUF stores the epsilon as float32 (and the forward pass adds it to float32 anyway)
@@ -173,11 +168,23 @@ def test_an_f32_llama_loads_to_the_same_logits_bit_for_bit(tmp_path: Path) -> No
         assert torch.equal(read.weights[name], weights[name]), name  # the permutation undone
 
 
+def test_a_qwen2_with_biases_loads_to_the_same_logits_bit_for_bit(tmp_path: Path) -> None:
+    qwen2 = replace(LLAMA, model_type="qwen2", qkv_bias=True)
+    weights = _weights(qwen2)
+    read = read_gguf(write_gguf(tmp_path / "m.gguf", weights, arch="qwen2"))
+    assert read.config == replace(qwen2, rms_norm_eps=float(np.float32(LLAMA.rms_norm_eps)))
+    original, loaded = DecoderModel(qwen2, weights), DecoderModel(read.config, read.weights)
+    ids = [5, 77, 200, 3, 9, 18]
+    assert torch.equal(
+        loaded.prefill_all(loaded.new_cache(), ids), original.prefill_all(original.new_cache(), ids)
+    )  # qwen2 is converted without llama's q/k permutation, and its biases map by name
+
+
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1])
 def test_every_supported_tensor_type_is_dequantized_as_gguf_does(
     tmp_path: Path, qtype: Any
 ) -> None:
-    weights = _weights(DecoderModel.random(LLAMA))
+    weights = _weights()
     read = read_gguf(write_gguf(tmp_path / "m.gguf", weights, qtype=qtype))
     name = "model.layers.1.mlp.down_proj.weight"
     expected = gguf.quants.dequantize(gguf.quants.quantize(weights[name].numpy(), qtype), qtype)
@@ -188,7 +195,7 @@ def test_every_supported_tensor_type_is_dequantized_as_gguf_does(
 
 
 def test_an_unsupported_tensor_type_is_refused_naming_the_tensor_and_type(tmp_path: Path) -> None:
-    weights = _weights(DecoderModel.random(LLAMA))
+    weights = _weights()
     block = np.zeros((1, 176), dtype=np.uint8)  # one Q5_K block of 256 values
     path = write_gguf(tmp_path / "m.gguf", weights, raw={"blk.0.extra.weight": (block, Q.Q5_K)})
     with pytest.raises(UnsupportedModelError, match=r"blk\.0\.extra\.weight has type Q5_K"):
@@ -196,19 +203,19 @@ def test_an_unsupported_tensor_type_is_refused_naming_the_tensor_and_type(tmp_pa
 
 
 def test_an_unsupported_architecture_is_refused_by_name(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)), arch="phi3")
+    path = write_gguf(tmp_path / "m.gguf", _weights(), arch="phi3")
     with pytest.raises(UnsupportedModelError, match="architecture 'phi3' is not supported"):
         read_gguf(path)
 
 
 def test_an_unknown_pre_tokenizer_is_refused_by_name(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)), pre="deepseek-v3")
+    path = write_gguf(tmp_path / "m.gguf", _weights(), pre="deepseek-v3")
     with pytest.raises(UnsupportedModelError, match="pre-tokenizer 'deepseek-v3'"):
         read_gguf(path)
 
 
 def test_a_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
+    path = write_gguf(tmp_path / "m.gguf", _weights())
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(path.read_bytes()[:4000])
     with pytest.raises(UnsupportedModelError, match="truncated or corrupt"):
@@ -216,7 +223,7 @@ def test_a_truncated_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_checkpoint_names_its_source_and_digests_the_file_it_loaded(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
+    path = write_gguf(tmp_path / "m.gguf", _weights())
     loaded = load_checkpoint(path)
     data = path.read_bytes()
     framed = bytes((Domain.WEIGHTS,)) + b"m.gguf\x00" + len(data).to_bytes(8, "big") + data
@@ -440,7 +447,7 @@ def _patched(path: Path, find: bytes, after: int, value: bytes) -> Path:
 def test_lengths_and_counts_past_the_file_are_refused_before_allocating(
     tmp_path: Path, find: bytes, after: int, value: bytes, message: str
 ) -> None:
-    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
+    path = write_gguf(tmp_path / "m.gguf", _weights())
     with pytest.raises(UnsupportedModelError, match=message):
         read_gguf(_patched(path, find, after, value))
 
@@ -448,7 +455,7 @@ def test_lengths_and_counts_past_the_file_are_refused_before_allocating(
 def test_a_broken_chat_template_in_the_file_is_a_typed_error(tmp_path: Path) -> None:
     from inference.tokenizer import ChatTemplateError
 
-    path = write_gguf(tmp_path / "m.gguf", _weights(DecoderModel.random(LLAMA)))
+    path = write_gguf(tmp_path / "m.gguf", _weights())
     broken = _patched(path, b"{% for m in messages %}", -23, b"{% for m in messages }}")
     with pytest.raises(ChatTemplateError, match="does not parse"):
         load_checkpoint(broken)
