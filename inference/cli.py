@@ -246,7 +246,7 @@ _VLLM = "vllm backend: "
 
 
 def engine_serve(
-    model: Annotated[str, typer.Option(metavar="DIR", help="model directory")],
+    model: Annotated[str, typer.Option(metavar="PATH", help="a model folder or a .gguf file")],
     host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port (0: any free port)")] = 8000,
     model_name: Annotated[
@@ -367,7 +367,7 @@ def register(app: typer.Typer) -> None:
     engine.command(
         "serve",
         short_help="Serve a model over an OpenAI-compatible HTTP API.",
-        help="Serve /v1/chat/completions (JSON and SSE) and /v1/models for the model in DIR, "
+        help="Serve /v1/chat/completions (JSON and SSE) and /v1/models for the model at PATH "
         "with continuous batching, a salted prefix cache and a reproducibility block on "
         "every reply. The start-up self-test picks a batch-invariant matmul path. With "
         "--backend vllm: start `vllm serve` on a GPU and front it instead.",
