@@ -9,7 +9,7 @@ reply is committed before it runs any tool the reply asked for.
 
 Steps are numbered from 0 and sent to the proxy in ``x-affidavit-turn``/``x-affidavit-step``
 (recorded in the ``model.request``, not part of the request bytes). A ``TurnPolicy`` may fix
-``tool_choice`` per step (the demo names ``web_search`` on its first two steps).
+``tool_choice`` per step (the demo names ``web_search`` on its first step).
 """
 
 from __future__ import annotations

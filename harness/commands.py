@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-__all__ = ["register"]
+__all__ = ["parse_tool_choices", "register"]
 
 HomeOption = Annotated[
     Path | None,
@@ -83,6 +84,27 @@ def parse_pins(values: list[str]) -> dict[str, Any] | None:
         raise typer.BadParameter(str(exc), param_hint="--pin") from None
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def parse_tool_choices(values: list[str]) -> tuple[str | dict[str, Any], ...]:
+    """``--tool-choice`` values, each one step or comma-separated steps: ``auto``,
+    ``required``, ``none``, or a tool's name, which forces that tool as the APIs' named
+    choice does (``{"type": "function", "function": {"name": …}}``)."""
+    steps: list[str | dict[str, Any]] = []
+    for value in values:
+        for choice in (part.strip() for part in value.split(",")):
+            if choice in ("auto", "required", "none"):
+                steps.append(choice)
+            elif _TOOL_NAME.fullmatch(choice):
+                steps.append({"type": "function", "function": {"name": choice}})
+            else:
+                raise typer.BadParameter(
+                    f"{choice!r}: auto, required, none or a tool's name", param_hint="--tool-choice"
+                )
+    return tuple(steps)
+
+
 def register(app: typer.Typer) -> None:
     """Add the harness commands to ``app``."""
     session_app = typer.Typer(help="sessions: open one, show one, list them", no_args_is_help=True)
@@ -145,7 +167,12 @@ def register(app: typer.Typer) -> None:
         ] = [],  # noqa: B006
         max_steps: Annotated[int, typer.Option(min=1, max=64, help="the turn's step limit")] = 8,
         tool_choice: Annotated[
-            list[str], typer.Option("--tool-choice", help="per step, in order: auto|required|none")
+            list[str],
+            typer.Option(
+                "--tool-choice",
+                help="per step, in order (repeat it, or comma-separate: web_search,auto): "
+                "auto, required, none, or a tool's name to force that tool",
+            ),
         ] = [],  # noqa: B006
         home: HomeOption = None,
         as_json: JsonOption = False,
@@ -157,11 +184,7 @@ def register(app: typer.Typer) -> None:
         from record.seal import RecipientKey
 
         pins = parse_pins(pin)
-        for choice in tool_choice:
-            if choice not in ("auto", "required", "none"):
-                raise typer.BadParameter(
-                    f"{choice!r}: auto, required or none", param_hint="--tool-choice"
-                )
+        choices = parse_tool_choices(tool_choice)
         try:
             keys = [RecipientKey.from_text(text) for text in recipient]
         except Exception as exc:
@@ -169,9 +192,7 @@ def register(app: typer.Typer) -> None:
                 f"not a recipient key: {exc}", param_hint="--recipient"
             ) from None
         try:
-            state = open_session(
-                _home(home), pins, keys, policy=TurnPolicy(max_steps, tuple(tool_choice))
-            )
+            state = open_session(_home(home), pins, keys, policy=TurnPolicy(max_steps, choices))
         except HomeMissing as exc:
             raise _missing(exc) from None
         if as_json:

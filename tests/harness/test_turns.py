@@ -250,6 +250,20 @@ def test_session_new_cli_pins_default_draws_a_seed_once_and_records_it(
     assert main(["session", "show", "nope", "--home", home]) == 3
 
 
+def test_session_new_cli_takes_a_tool_name_per_step_and_the_turn_calls_it(
+    recorded: Recorded, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = str(recorded.rig.home.root)
+    args = ["session", "new", "--pin", "seed=9,max_tokens=200", "--home", home, "--json"]
+    assert main([*args, "--tool-choice", "ledger__count_notes,none"]) == 0
+    session = json.loads(capsys.readouterr().out)["session"]
+    result = run_turn(recorded.rig.home, session, "How many notes are there?")
+    called = [[c[1] for c in s.completion.tool_calls] for s in result.steps]
+    assert called == [["ledger__count_notes"], []], result.detail  # forced, then no tool
+    assert main([*args, "--tool-choice", "auto,what the"]) == 2  # neither a mode nor a name
+    assert "a tool's name" in capsys.readouterr().err
+
+
 def test_the_harness_connects_to_nothing_but_the_proxy(recorded: Recorded, tmp_path: Path) -> None:
     """A whole live turn run as the CLI under strace: every connect() it makes goes to the
     proxy's data plane or its control socket (the web, the engine and the MCP servers are
