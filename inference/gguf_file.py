@@ -24,6 +24,7 @@ adjacent dimensions, Hugging Face's pairs halves); :func:`_unpermute` undoes it,
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,14 +152,22 @@ def check_layout(path: str | Path) -> None:
     """Walk the header, metadata and tensor table, checking each count and length fits the
     file (and each tensor's data, by its type's block size), before anything is allocated.
 
-    Hand-written because ``gguf``'s reader has no such bounds; it reads nothing else.
+    Hand-written because ``gguf``'s reader has no such bounds; it reads nothing else, and
+    only the pages of the file it walks (a memory map).
     """
+    if Path(path).stat().st_size < len(GGUF_MAGIC):
+        raise UnsupportedModelError(f"{path}: not a GGUF file (shorter than its magic)")
+    with (
+        Path(path).open("rb") as handle,
+        mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data,
+    ):
+        _check(_Scan(data, len(data), str(path)), str(path))
+
+
+def _check(scan: _Scan, path: str) -> None:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    size = Path(path).stat().st_size
-    with Path(path).open("rb") as handle:
-        data = handle.read(min(size, _HEADER_SCAN_LIMIT))
-    scan = _Scan(data, size, str(path))
+    size = scan.size
     if scan.take(4) != GGUF_MAGIC:
         raise UnsupportedModelError(f"{path}: not a GGUF file (no GGUF magic)")
     version = scan.number("<I")
@@ -198,11 +207,11 @@ _SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 1
 class _Scan:
     """A cursor over the file's head that refuses any length running past its end."""
 
-    def __init__(self, data: bytes, size: int, path: str) -> None:
+    def __init__(self, data: mmap.mmap, size: int, path: str) -> None:
         self.data, self.size, self.path, self.pos = data, size, path, 0
 
     def fits(self, n: int, what: str) -> None:
-        if n < 0 or self.pos + n > min(len(self.data), self.size):
+        if n < 0 or self.pos + n > min(self.size, _HEADER_SCAN_LIMIT):
             raise UnsupportedModelError(
                 f"{self.path}: truncated or corrupt: {what} past the end of the file (or "
                 f"of its first {_HEADER_SCAN_LIMIT >> 20} MiB, the most metadata it may hold)"
