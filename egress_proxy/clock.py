@@ -9,16 +9,26 @@ The one format, an RFC 3339 UTC instant to the second, in one line of text::
 
     Current date and time: 2026-11-30T14:20:30Z (UTC)
 
-- OpenAI: a new first message ``{"role": "system", "content": <line>}``; the client's
-  messages follow unchanged (a first system message of its own stays a message of its own).
-- Anthropic: a new first text block of ``system``; a string ``system`` becomes the text
-  block after it, an absent or empty one becomes ``[<the clock block>]``.
+Where it goes is a *rule*, recorded with each request as ``ModelRequest.clock_rule``, so a
+record is rebuilt under the rule it was written under (:data:`CLOCK_RULE` for new ones):
+
+- ``fold`` (since 2026-12): OpenAI: the line is folded into the client's first ``system``
+  or ``developer`` message, wherever it stands: a string content becomes
+  ``<line> + "\n\n" + content`` (just the line when empty), a list of parts gets
+  ``{"type": "text", "text": <line> + "\n\n"}`` first. With no such message the line is a
+  new first message ``{"role": "system", "content": <line>}``. So the clock never adds a
+  second system message, which many chat templates refuse.
+- ``prepend`` (records without ``clock_rule``): OpenAI: always a new first system message;
+  a client's own system message stays a message of its own after it.
+- Either rule, Anthropic: a new first text block of ``system``; a string ``system``
+  becomes the text block after it, an absent or empty one becomes ``[<the clock block>]``.
 - Providers with ``engine_extensions`` also get the instant itself as the request member
   ``clock`` (the engine derives a pinned reply's ``created`` from it); a ``clock`` the client
   sent is replaced: the proxy alone reads the time.
 
-A request whose prompt has no place for it (``messages`` or ``system`` of another type) is
-left alone and records no clock: the upstream refuses it anyway.
+A request whose prompt has no place for it (``messages`` or ``system`` of another type, a
+system message whose content is neither text nor parts) is left alone and records no
+clock: the upstream refuses it anyway.
 """
 
 from __future__ import annotations
@@ -27,6 +37,11 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
+
+ClockRule = Literal["fold", "prepend"]
+#: The rule new requests are written under (records without one were ``prepend``).
+CLOCK_RULE: ClockRule = "fold"
+_SYSTEM_ROLES = ("system", "developer")
 
 #: The injected line; ``{clock}`` is the instant.
 CLOCK_LINE = "Current date and time: {clock} (UTC)"
@@ -83,16 +98,20 @@ def inject_clock(
     clock: str,
     *,
     engine_field: bool = False,
+    rule: ClockRule = CLOCK_RULE,
 ) -> dict[str, Any] | None:
-    """``request`` with the clock put into its prompt (a new dict), or None when the prompt
-    has no place for it. ``engine_field`` also sets the ``clock`` member (engine extension)."""
+    """``request`` with the clock put into its prompt by ``rule`` (a new dict), or None when
+    the prompt has no place for it. ``engine_field`` also sets the ``clock`` member."""
     line = clock_line(clock)
     result = dict(request)
     if dialect == "openai":
         messages = request.get("messages")
         if not isinstance(messages, list):
             return None
-        result["messages"] = [{"role": "system", "content": line}, *messages]
+        folded = _fold(messages, line) if rule == "fold" else None
+        if folded is None and rule == "fold" and _system_index(messages) is not None:
+            return None  # a system message with content of no known shape
+        result["messages"] = folded or [{"role": "system", "content": line}, *messages]
         if engine_field:
             result["clock"] = clock
         return result
@@ -107,3 +126,29 @@ def inject_clock(
     else:
         return None
     return result
+
+
+def _system_index(messages: list[Any]) -> int | None:
+    for index, message in enumerate(messages):
+        if isinstance(message, dict) and message.get("role") in _SYSTEM_ROLES:
+            return index
+    return None
+
+
+def _fold(messages: list[Any], line: str) -> list[Any] | None:
+    """``messages`` with ``line`` folded into the first system or developer message; None when
+    there is none, or its content has no shape the line can join."""
+    index = _system_index(messages)
+    if index is None:
+        return None
+    message = dict(messages[index])
+    content = message.get("content")
+    if content is None or content == "":
+        message["content"] = line
+    elif isinstance(content, str):
+        message["content"] = f"{line}\n\n{content}"
+    elif isinstance(content, list):
+        message["content"] = [{"type": "text", "text": f"{line}\n\n"}, *content]
+    else:
+        return None
+    return [*messages[:index], message, *messages[index + 1 :]]

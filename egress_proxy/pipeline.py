@@ -40,7 +40,7 @@ from typing import Any, Literal, cast
 
 from pydantic import JsonValue
 
-from egress_proxy.clock import Clock, inject_clock
+from egress_proxy.clock import CLOCK_RULE, Clock, ClockRule, inject_clock
 from egress_proxy.errors import ProxyError, RecordUnavailable, UpstreamCut, UpstreamUnavailable
 from egress_proxy.pins import PinOutcome, apply_pins, pins_entry
 from egress_proxy.providers import Dialect, params_of, reply_facts, splice_member
@@ -70,6 +70,7 @@ class Upstream:
     connect_timeout_s: float = 10.0
     engine_extensions: bool = False  # takes ``clock`` and ``strict_cache`` request members
     inject_clock: bool = True
+    clock_rule: ClockRule = CLOCK_RULE  # a replay uses the rule its record was written under
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Call:
     pins: dict[str, Any] | None = None  # the pins set on the request (``ModelRequest.pins``)
     pin_outcome: PinOutcome | None = None  # what ``pins`` did, for the annotation
     clock: str | None = None
+    clock_rule: ClockRule | None = None  # where the clock went (``ModelRequest.clock_rule``)
     tool_ids: ToolIds | None = None  # set in pinned sessions: derive tool-call ids
     tool_call_ids: list[tuple[str, str]] | None = None  # (upstream, derived), once committed
     request_seq: int | None = None
@@ -244,10 +246,14 @@ def clock_stage(clock: Clock) -> Stage:
         if up.inject_clock:
             now = (call.session.clock or clock).sample()
             sent = inject_clock(
-                up.dialect.name, call.request, now, engine_field=up.engine_extensions
+                up.dialect.name,
+                call.request,
+                now,
+                engine_field=up.engine_extensions,
+                rule=up.clock_rule,
             )
             if sent is not None:
-                call.clock = now
+                call.clock, call.clock_rule = now, up.clock_rule
                 call.rewrite(sent)
         return await next(call)
 
@@ -296,6 +302,7 @@ def identity(log: Log) -> Stage:
             params=params_of(call.request),
             pins=call.pins,
             clock=call.clock,
+            clock_rule=call.clock_rule,
             turn=_position(call.client_headers, TURN_HEADER),
             step=_position(call.client_headers, STEP_HEADER),
         )

@@ -197,6 +197,7 @@ def _upstream(call: RecordedCall) -> Upstream:
         api_version=body.provider.api_version,
         engine_extensions=engine,
         inject_clock=body.clock is not None,
+        clock_rule=body.clock_rule or "prepend",  # records before the rule was recorded
     )
 
 

@@ -179,6 +179,9 @@ class ModelRequest(Strict):
     params: dict[str, JsonValue]
     pins: dict[str, JsonValue] | None = None
     clock: str | None = None
+    # Where the clock went (egress_proxy.clock): absent in records written before it was
+    # recorded, which all used "prepend".
+    clock_rule: Literal["fold", "prepend"] | None = None
     turn: int | None = None
     step: int | None = None
 

@@ -87,7 +87,21 @@ def test_the_clock_has_one_place_in_each_prompt() -> None:
     own = {"role": "system", "content": "be brief"}
     user = {"role": "user", "content": "hi"}
     now = "2026-11-30T14:20:30Z"
-    assert inject_clock("openai", {"messages": [own, user]}, now) == {
+    # fold (the rule new requests use): into the client's first system or developer message
+    folded = {"role": "system", "content": f"{line}\n\nbe brief"}
+    assert inject_clock("openai", {"messages": [own, user]}, now) == {"messages": [folded, user]}
+    developer = {"role": "developer", "content": [{"type": "text", "text": "be brief"}]}
+    parts = [{"type": "text", "text": f"{line}\n\n"}, {"type": "text", "text": "be brief"}]
+    assert inject_clock("openai", {"messages": [user, developer, own]}, now) == {
+        "messages": [user, {"role": "developer", "content": parts}, own]
+    }  # the first one only: nothing else moves
+    empty = {"role": "system", "content": None}
+    assert inject_clock("openai", {"messages": [empty, user]}, now) == {"messages": [system, user]}
+    odd = {"role": "system", "content": 5}
+    assert inject_clock("openai", {"messages": [odd, user]}, now) is None
+    assert inject_clock("openai", {"messages": [user]}, now) == {"messages": [system, user]}
+    # prepend (records written before the rule was recorded): always a message of its own
+    assert inject_clock("openai", {"messages": [own, user]}, now, rule="prepend") == {
         "messages": [system, own, user]
     }
     assert inject_clock("openai", {"messages": []}, now, engine_field=True) == {
@@ -121,12 +135,15 @@ def test_every_call_gets_its_own_clock_sent_recorded_and_annotated(clocked: Rig)
     for note, received in zip(notes, rig.upstream.received, strict=True):
         sent = json.loads(received.body)
         assert sent["messages"] == [
-            {"role": "system", "content": f"Current date and time: {note['clock']} (UTC)"},
-            *messages,
-        ]
+            {
+                "role": "system",
+                "content": f"Current date and time: {note['clock']} (UTC)\n\nbe brief",
+            },
+            messages[1],
+        ]  # folded into the client's own system message: never a second one
         assert sent["clock"] == note["clock"]  # engine_extensions: the member too
         request = recorded(rig, session.session_id, note["request_seq"])
-        assert request.clock == note["clock"]
+        assert request.clock == note["clock"] and request.clock_rule == "fold"
         assert request.request_bytes == received.body
         assert request.content_key == digest(Domain.REQUEST, received.body)
         assert request.prompt_digest == prompt_digest(sent) == note["prompt_digest"]

@@ -263,3 +263,54 @@ def test_a_tool_call_not_recorded_is_a_miss(recorded: Recorded) -> None:
     with pytest.raises(ReplayMiss) as again:  # its one recorded answer is used up
         recon.transport.tool_result("srv", "lookup", canonical_json({"q": "x"}))
     assert "all served" in again.value.diff
+
+
+@pytest.mark.parametrize("rule", ["prepend", "fold"])
+def test_a_record_is_rebuilt_under_the_clock_rule_it_was_written_under(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str
+) -> None:
+    """A record written under either rule (``prepend`` is what every record before
+    ``clock_rule`` used) regenerates its request bytes: reconstruct applies the recorded
+    rule, not today's."""
+    import functools
+
+    import egress_proxy.app as app_module
+    from egress_proxy.replay import read_stream
+    from record.schema import ModelRequest
+
+    monkeypatch.setattr(
+        app_module, "Upstream", functools.partial(app_module.Upstream, clock_rule=rule)
+    )
+    store_path, user = tmp_path / "record.db", KeyPair.generate()
+    log = Log.open(store_path, appliance_key=KeyPair.generate())
+    upstream = FakeUpstream()
+    upstream.queue = [Script(chunks=[FINAL])]
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    with LoopbackServer(upstream) as up:
+        config = proxy_config(up.url, inject_clock=True, engine_extensions=True)
+        with ProxyServer(config, log, env=ENV) as proxy:
+            opened = proxy.registry.open_session([user.recipient], {}, {"seed": 7})
+            httpx.post(
+                f"{opened.openai_base_url}/chat/completions",
+                json={"model": "m", "messages": messages},
+                headers={"authorization": f"Bearer {opened.token}"},
+            ).raise_for_status()
+    log.close()
+    sent = json.loads(upstream.received[0].body)["messages"]
+    assert [m["role"] for m in sent] == (
+        ["system", "system", "user"] if rule == "prepend" else ["system", "user"]
+    )
+    (request,) = [
+        b
+        for _, b in read_stream(store_path, opened.session_id, user)
+        if isinstance(b, ModelRequest)
+    ]
+    assert request.clock_rule == rule
+    recon = reconstruct_pipeline(store_path, opened.session_id, user)
+
+    async def rebuild() -> None:
+        for raw in recon.recorded_inputs():
+            await recon.run(raw)
+
+    asyncio.run(rebuild())
+    assert recon.transport.index.served == 1  # the same content key: the same bytes

@@ -276,6 +276,7 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "params": t_object,
             "pins": _opt(t_object),
             "clock": _opt(t_str),
+            "clock_rule": _opt(t_str),
             "turn": _opt(t_int()),
             "step": _opt(t_int()),
         }
