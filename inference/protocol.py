@@ -224,7 +224,32 @@ def tool_mode(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[str, Any
 
 
 def plain_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Messages whose content-part lists are joined into text (templates expect strings)."""
+    """The messages as chat templates take them.
+
+    - Content-part lists are joined into text (templates expect strings).
+    - The ``developer`` role (OpenAI's name for system instructions to newer models) is
+      ``system``: no open model's template knows it.
+    - The system messages a conversation opens with become one, their texts joined with a
+      blank line: an agent framework's instructions and a client's own system prompt arrive
+      as several, and most templates take one system message, first. System messages later
+      in the conversation are left to the template.
+    """
+    out: list[dict[str, Any]] = []
+    for message in _text_messages(messages):
+        if message.get("role") == "developer":
+            message = {**message, "role": "system"}
+        opening = bool(out) and all(m.get("role") == "system" for m in out)
+        if message.get("role") == "system" and opening:
+            first = out[0]
+            joined = "\n\n".join(t for t in (first.get("content"), message.get("content")) if t)
+            out[0] = {**first, "content": joined}
+            continue
+        out.append(message)
+    return out
+
+
+def _text_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose content-part lists are joined into text."""
     out = []
     for message in messages:
         content = message.get("content")

@@ -295,6 +295,29 @@ def test_tool_choice_none_and_auto(http: httpx.Client, engine: Engine) -> None:
     assert auto["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
 
 
+def test_several_opening_system_messages_and_the_developer_role_reach_the_template(
+    sdk: openai.OpenAI, engine: Engine
+) -> None:
+    """An agent framework's instructions, the proxy's clock and a client's own system prompt:
+    the tiny model's template takes one system message, first, and knows no ``developer``."""
+    messages: Any = [
+        {"role": "system", "content": "Current date and time: 2026-11-30T14:20:30Z (UTC)"},
+        {"role": "developer", "content": [{"type": "text", "text": "You are an agent."}]},
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    reply = sdk.chat.completions.create(model="tiny", messages=messages, seed=1, max_tokens=8)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    job, _ = engine.prepare(json.dumps(_request("", messages=messages)).encode(), {})
+    prompt = engine.tokenizer.decode(job.prompt_ids)
+    opening = "Current date and time: 2026-11-30T14:20:30Z (UTC)\n\nYou are an agent.\n\nBe brief."
+    assert prompt.startswith(f"<|im_start|>system\n{opening}<|im_end|>\n<|im_start|>user\n")
+    later: Any = [*messages, {"role": "assistant", "content": "ok"}, messages[2]]
+    refused = sdk.chat.completions.with_raw_response
+    with pytest.raises(openai.BadRequestError, match="only allowed first"):
+        refused.create(model="tiny", messages=later, seed=1, max_tokens=8)  # the template's say
+
+
 def test_batch_invariance_over_http(http: httpx.Client, engine: Engine) -> None:
     rng = random.Random(2024)
 
