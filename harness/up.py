@@ -195,7 +195,7 @@ def serve_forever(home: Home, **options: Any) -> int:
     import sys
 
     from inference.config import UnsupportedModelError
-    from inference.pull import DigestMismatchError, PullError
+    from inference.pull import PullError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -208,11 +208,9 @@ def serve_forever(home: Home, **options: Any) -> int:
             print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
             print(f"record {a.store}; state in {home.root}. Ctrl-C stops it.", flush=True)
             stop.wait()
-    except DigestMismatchError as exc:  # a changed model file: a problem found, not a gap
-        print(f"affidavit: error: {exc}", file=sys.stderr)
-        return 1
     except (PullError, FileNotFoundError, UnsupportedModelError) as exc:
-        print(f"affidavit: missing: cannot start the engine: {exc}", file=sys.stderr)
-        return 3
+        code = exc.exit_code if isinstance(exc, PullError) else 3  # 1: a changed model file
+        print(f"affidavit: cannot start the engine: {exc}", file=sys.stderr)
+        return code
     print("affidavit stopped", flush=True)
     return 0

@@ -13,7 +13,6 @@ package and version when the file is one :mod:`inference.pull` knows by its dige
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from inference.gguf_file import is_gguf, read_gguf
 from inference.protocol import TokenTable
 from inference.pull import known_model_for_file_sha256
 from inference.tokenizer import ChatTokenizer
-from inference.weights import files_digest, load_weights, weights_digest
+from inference.weights import file_digests, load_weights, weights_digest
 
 __all__ = ["Checkpoint", "WeightsSource", "load_checkpoint"]
 
@@ -80,8 +79,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def _gguf(path: Path) -> Checkpoint:
     read = read_gguf(path)
     tokenizer = Tokenizer.from_str(read.tokenizer_json)
-    with path.open("rb") as handle:
-        sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
+    digest, sha256 = file_digests(path)
     known = known_model_for_file_sha256(sha256)
     return Checkpoint(
         config=read.config,
@@ -90,7 +88,7 @@ def _gguf(path: Path) -> Checkpoint:
             tokenizer, read.chat_template, read.special_tokens, read.eos_token_ids
         ),
         tokens=TokenTable.from_tokenizer(tokenizer, read.config.vocab_size),
-        weights_digest=files_digest([path]),
+        weights_digest=digest,
         source=WeightsSource(
             format="gguf",
             file=path.name,

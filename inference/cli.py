@@ -132,15 +132,10 @@ def run_pull(args: argparse.Namespace) -> int:
     progress = None if as_json else (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         result = pull.pull(args.name, args.cache, progress=progress)
-    except pull.UnknownModelError as exc:
-        print(f"affidavit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except pull.DigestMismatchError as exc:
-        print(f"affidavit: error: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
-    except pull.FetchError as exc:
-        print(f"affidavit: missing: {exc}", file=sys.stderr)
-        return EXIT_MISSING
+    except pull.PullError as exc:
+        label = "missing" if exc.exit_code == EXIT_MISSING else "error"
+        print(f"affidavit: {label}: {exc}", file=sys.stderr)
+        return exc.exit_code
     model = result.model
     if as_json:
         doc = {

@@ -286,11 +286,14 @@ def _read(path: str | Path) -> GgufCheckpoint:
         )
     weights: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
-        values = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        values = dequantize(tensor.data, tensor.tensor_type)
         if arch == "llama" and name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = config.num_attention_heads if ".attn_q." in name else config.num_key_value_heads
             values = _unpermute(values, heads)
-        weights[_hf_name(name, str(path))] = torch.from_numpy(values.copy())
+        # A copy only where needed: F32 tensors are views of the mapped file, quantized
+        # ones already fresh float32 arrays of their own.
+        owned = np.require(values, np.float32, ["C_CONTIGUOUS", "OWNDATA", "WRITEABLE"])
+        weights[_hf_name(name, str(path))] = torch.from_numpy(owned)
     tokenizer_json, specials, eos = _tokenizer(meta, tokens, str(path))
     template = meta.get("tokenizer.chat_template")
     return GgufCheckpoint(

@@ -101,11 +101,15 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 
 
 class PullError(Exception):
-    """A model could not be provided; the subclass says why (and so the exit code)."""
+    """A model could not be provided; the subclass says why, and its exit code."""
+
+    exit_code = 3  # something needed is missing (no network, no pip, no such file)
 
 
 class UnknownModelError(PullError):
     """The name is not in the registry: nothing is pinned for it, so nothing is fetched."""
+
+    exit_code = 2  # a usage error
 
     def __init__(self, name: str, known: Sequence[str]) -> None:
         self.name = name
@@ -115,6 +119,8 @@ class UnknownModelError(PullError):
 
 class DigestMismatchError(PullError):
     """A file's sha256 is not the pinned one: it is refused (and never deleted by us)."""
+
+    exit_code = 1  # a problem found
 
     def __init__(self, what: str, expected: str, actual: str, hint: str = "") -> None:
         self.what = what

@@ -21,8 +21,8 @@ and the length frame each file, so no two different file sets hash the same stre
 index JSON and the other files of the directory are not weights and are not covered.
 
 A GGUF checkpoint is one file that holds the weights, the tokenizer and the chat template
-together; its digest is the same rule over that one file, so it covers every byte the
-engine loads from it.
+together; its digest is the same rule over that one file (:func:`file_digests`), so it
+covers every byte the engine loads from it.
 """
 
 from __future__ import annotations
@@ -30,13 +30,17 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file
 
 from record.digest import PREFIX, Domain
 
-__all__ = ["files_digest", "load_weights", "weight_files", "weights_digest"]
+if TYPE_CHECKING:
+    from hashlib import _Hash
+
+__all__ = ["file_digests", "load_weights", "weight_files", "weights_digest"]
 
 INDEX_NAME = "model.safetensors.index.json"
 _CHUNK = 1 << 20
@@ -75,11 +79,17 @@ def load_weights(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 def weights_digest(model_dir: str | Path) -> str:
     """``sha256:<hex>`` of the weight files, by the rule in the module docstring."""
-    return files_digest(weight_files(model_dir))
+    return _digest(weight_files(model_dir), plain=None)
 
 
-def files_digest(files: list[Path]) -> str:
-    """``sha256:<hex>`` of ``files`` in the given order (a GGUF checkpoint is one file)."""
+def file_digests(path: Path) -> tuple[str, str]:
+    """One file's weights digest and its plain SHA-256 hex, in one read of its bytes (a
+    GGUF checkpoint: the block names both)."""
+    plain = hashlib.sha256()
+    return _digest([path], plain=plain), plain.hexdigest()
+
+
+def _digest(files: list[Path], plain: _Hash | None) -> str:
     h = hashlib.sha256(bytes((Domain.WEIGHTS,)))
     for path in files:
         h.update(path.name.encode("utf-8"))
@@ -90,6 +100,8 @@ def files_digest(files: list[Path]) -> str:
         with path.open("rb") as handle:
             while chunk := handle.read(_CHUNK):
                 h.update(chunk)
+                if plain is not None:
+                    plain.update(chunk)
                 read += len(chunk)
         if read != size:
             raise OSError(f"{path} changed while it was hashed ({size} bytes, then {read})")
