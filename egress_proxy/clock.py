@@ -20,8 +20,16 @@ record is rebuilt under the rule it was written under (:data:`CLOCK_RULE` for ne
   second system message, which many chat templates refuse.
 - ``prepend`` (records without ``clock_rule``): OpenAI: always a new first system message;
   a client's own system message stays a message of its own after it.
-- Either rule, Anthropic: a new first text block of ``system``; a string ``system``
-  becomes the text block after it, an absent or empty one becomes ``[<the clock block>]``.
+- Either rule, OpenAI Responses: the line is folded into ``instructions``, as into a system
+  message: a string becomes ``<line> + "\n\n" + instructions``, an absent, null or empty
+  one becomes the line. (Instructions of another type leave the request without a clock.)
+- ``fold``, Anthropic: the line is folded into ``system`` as into a system message: a string
+  becomes ``<line> + "\n\n" + system``, a list of blocks gets
+  ``{"type": "text", "text": <line> + "\n\n"}`` first (the client's blocks, and their
+  ``cache_control``, untouched), an absent, empty or ``[]`` one becomes the line.
+- ``prepend``, Anthropic: a new first text block ``{"type": "text", "text": <line>}`` of
+  ``system``; a string ``system`` becomes the text block after it, an absent or empty one
+  becomes ``[<the clock block>]``.
 - Providers with ``engine_extensions`` also get the instant itself as the request member
   ``clock`` (the engine derives a pinned reply's ``created`` from it); a ``clock`` the client
   sent is replaced: the proxy alone reads the time.
@@ -93,7 +101,7 @@ def clock_line(clock: str) -> str:
 
 
 def inject_clock(
-    dialect: Literal["openai", "anthropic"],
+    dialect: Literal["openai", "anthropic", "responses"],
     request: dict[str, Any],
     clock: str,
     *,
@@ -115,17 +123,44 @@ def inject_clock(
         if engine_field:
             result["clock"] = clock
         return result
-    system = request.get("system")
-    block = {"type": "text", "text": line}
+    if dialect == "responses":
+        instructions = request.get("instructions")
+        if instructions is None or instructions == "":
+            result["instructions"] = line
+        elif isinstance(instructions, str):
+            result["instructions"] = f"{line}\n\n{instructions}"
+        else:
+            return None
+        if engine_field:
+            result["clock"] = clock
+        return result
+    system = _system(request.get("system"), line, rule)
     if system is None:
-        result["system"] = [block]
-    elif isinstance(system, str):
-        result["system"] = [block, {"type": "text", "text": system}] if system else [block]
-    elif isinstance(system, list):
-        result["system"] = [block, *system]
-    else:
         return None
+    result["system"] = system
+    if engine_field:
+        result["clock"] = clock
     return result
+
+
+def _system(system: Any, line: str, rule: ClockRule) -> str | list[Any] | None:
+    """Anthropic's ``system`` with the line in it by ``rule``; None when it has no known shape."""
+    if rule == "fold":
+        if system is None or system == "" or system == []:
+            return line
+        if isinstance(system, str):
+            return f"{line}\n\n{system}"
+        if isinstance(system, list):
+            return [{"type": "text", "text": f"{line}\n\n"}, *system]
+        return None
+    block = {"type": "text", "text": line}
+    if system is None or system == "":
+        return [block]
+    if isinstance(system, str):
+        return [block, {"type": "text", "text": system}]
+    if isinstance(system, list):
+        return [block, *system]
+    return None
 
 
 def _system_index(messages: list[Any]) -> int | None:

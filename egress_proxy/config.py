@@ -28,9 +28,10 @@ from record.schema import describe
 #: The data-plane routes a provider can be mounted on, and the wire dialect each one speaks.
 ROUTES: dict[str, Literal["openai", "anthropic"]] = {
     "/v1/chat/completions": "openai",
+    "/v1/responses": "openai",  # an OpenAI provider's Responses API (its own dialect)
     "/v1/messages": "anthropic",
 }
-Route = Literal["/v1/chat/completions", "/v1/messages"]
+Route = Literal["/v1/chat/completions", "/v1/responses", "/v1/messages"]
 
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 _ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -57,15 +58,10 @@ class ProviderConfig(_Model):
     timeout_s: float = Field(600.0, gt=0)  # the whole reply, streamed or not
     connect_timeout_s: float = Field(10.0, gt=0)
     # An affidavit engine or its vLLM front: it takes the request members ``clock`` and
-    # ``strict_cache``, which other upstreams would refuse or ignore.
+    # ``strict_cache`` (and, on the Messages and Responses APIs, ``seed``), which other
+    # upstreams would refuse or ignore. Either API: the engine serves both.
     engine_extensions: bool = False
     inject_clock: bool = True  # put the clock into every prompt sent to this provider
-
-    @model_validator(mode="after")
-    def _extensions_are_openai(self) -> ProviderConfig:
-        if self.engine_extensions and self.api != "openai":
-            raise ValueError('engine_extensions: only an api = "openai" provider has them')
-        return self
 
     @field_validator("base_url")
     @classmethod

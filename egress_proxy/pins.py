@@ -7,10 +7,13 @@ annotation says so (``pins_overrode``). A pin an upstream cannot take is left ou
 request and the annotation says why (``pins_not_applied``), so nobody believes a call was
 pinned that was not:
 
-- the Anthropic Messages API has no ``seed``;
 - ``strict_cache`` is an engine extension (a request member the affidavit engine and its
-  vLLM front understand): it is sent only to ``api = "openai"`` providers whose config sets
-  ``engine_extensions``.
+  vLLM front understand): it is sent only to providers whose config sets
+  ``engine_extensions``;
+- the Anthropic Messages API has no ``seed``: to an engine (``engine_extensions``) a pinned
+  call carries it as an engine extension member, elsewhere it is not applied;
+- the OpenAI Responses API has no ``seed`` or ``top_k`` either: on that route they are
+  engine extension members as well, and a ``max_tokens`` pin sets ``max_output_tokens``.
 
 ``default_pins`` is what ``--pin default`` will mean: one seed drawn once, and the
 generation defaults written out, so a replay does not depend on a provider's defaults.
@@ -127,7 +130,7 @@ def apply_pins(
         if reason is not None:
             not_applied[name] = reason
             continue
-        member = name
+        member = dialect.member(name)
         if (
             dialect.name == "openai"
             and name == "max_tokens"
@@ -144,12 +147,10 @@ def apply_pins(
 
 def _not_taken(dialect: Dialect, name: str, provider: str, engine_extensions: bool) -> str | None:
     """Why ``name`` cannot be set on this upstream's requests, or None if it can."""
-    if name == "strict_cache":
-        if dialect.name != "openai":
-            return "strict_cache is an engine extension; the Anthropic Messages API has none"
+    if name in dialect.extensions:
         if not engine_extensions:
             return (
-                f"strict_cache is an engine extension; provider {provider!r} "
+                f"{name} is an engine extension; provider {provider!r} "
                 "does not set engine_extensions"
             )
         return None
@@ -158,7 +159,11 @@ def _not_taken(dialect: Dialect, name: str, provider: str, engine_extensions: bo
     return None
 
 
-_API = {"openai": "OpenAI Chat Completions", "anthropic": "Anthropic Messages"}
+_API = {
+    "openai": "OpenAI Chat Completions",
+    "anthropic": "Anthropic Messages",
+    "responses": "OpenAI Responses",
+}
 
 
 def _same(requested: Any, pinned: JsonValue) -> bool:

@@ -1,10 +1,13 @@
-"""What differs between the OpenAI and Anthropic wire dialects, and what they share.
+"""What differs between the wire dialects (OpenAI Chat Completions, OpenAI Responses,
+Anthropic Messages), and what they share.
 
 Differences: the route, the credential header sent upstream, which request members a pin may
-set, which event ends a stream (OpenAI ``data: [DONE]``, Anthropic ``event: message_stop``)
-and the shape of the annotation event. Shared: the strict reading of a request body, the
-split of a request into prompt and params, the JSON splice of a non-streamed annotation,
-and reading the provider's fingerprint and the engine's reproducibility block from a reply.
+set (and under which member name), which event ends a stream (Chat Completions
+``data: [DONE]``, Responses ``response.completed``/``.incomplete``/``.failed``, Anthropic
+``event: message_stop``) and the shape of the annotation event. Shared: the strict reading
+of a request body, the split of a request into prompt and params, the JSON splice of a
+non-streamed annotation, and reading the provider's fingerprint and the engine's
+reproducibility block from a reply.
 
 Headers: the proxy builds the upstream's headers itself. From the client it forwards only
 ``FORWARDED_HEADERS``; it never forwards or records ``CREDENTIAL_HEADERS`` (the session token
@@ -25,7 +28,7 @@ from pydantic import JsonValue
 
 from egress_proxy.errors import MalformedBody
 from egress_proxy.sse import Event, iter_events
-from record.digest import PROMPT_FIELDS, canonical_json
+from record.digest import canonical_json, prompt_fields
 
 #: Client headers passed upstream as they are (the credential is the proxy's own).
 FORWARDED_HEADERS = frozenset({"accept", "anthropic-beta", "openai-beta"})
@@ -40,11 +43,24 @@ ANTHROPIC_VERSION = "2023-06-01"
 USER_AGENT = "affidavit-egress-proxy/0.1"
 
 
+DialectName = Literal["openai", "anthropic", "responses"]
+#: The events that end a Responses stream (the proxy's annotation goes just before).
+RESPONSES_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
 @dataclass(frozen=True)
 class Dialect:
-    name: Literal["openai", "anthropic"]
+    name: DialectName
     route: str
     pinnable: frozenset[str]  # the sampling pins its API has (``egress_proxy.pins``)
+    #: Pins that are engine extension members here: sent only where ``engine_extensions``.
+    extensions: frozenset[str] = frozenset({"strict_cache"})
+    #: A pin set under another member name (Responses: ``max_output_tokens``).
+    renamed: tuple[tuple[str, str], ...] = ()
+
+    def member(self, pin: str) -> str:
+        """The request member a pin sets."""
+        return dict(self.renamed).get(pin, pin)
 
     def api_version(self, client: Mapping[str, str], configured: str | None) -> str | None:
         """The API version sent (Anthropic) and recorded as ``provider.api_version``."""
@@ -73,10 +89,11 @@ class Dialect:
         """The event that ends a stream: held back until the reply is committed."""
         if self.name == "openai":
             return event.data is not None and event.data.strip() == "[DONE]"
+        ends = RESPONSES_TERMINAL if self.name == "responses" else frozenset({"message_stop"})
         if event.name is not None:
-            return event.name == "message_stop"
+            return event.name in ends
         data = event.json()
-        return data is not None and data.get("type") == "message_stop"
+        return data is not None and data.get("type") in ends
 
     def annotation_event(self, annotation: dict[str, Any], last: dict[str, Any] | None) -> bytes:
         """The proxy's own event, put just before the stream's terminating event.
@@ -84,9 +101,10 @@ class Dialect:
         OpenAI: a chunk with ``choices: []``. It repeats the last upstream chunk's ``id``,
         ``created``, ``model``, ``system_fingerprint``, ``service_tier`` and ``usage``, since
         SDK accumulators take those from the latest chunk and would otherwise lose them.
-        Anthropic: ``event: affidavit``, which SDKs pass over as an unknown event type.
+        Anthropic and Responses: ``event: affidavit`` (its data of ``type`` ``affidavit``,
+        with no ``sequence_number`` of its own), which SDKs pass over as an unknown event type.
         """
-        if self.name == "anthropic":
+        if self.name != "openai":
             data = _dumps({"type": "affidavit", "affidavit": annotation})
             return b"event: affidavit\ndata: " + data + b"\n\n"
         chunk: dict[str, Any] = {
@@ -107,10 +125,22 @@ OPENAI = Dialect(
     "/v1/chat/completions",
     frozenset({"seed", "temperature", "top_p", "top_k", "max_tokens"}),
 )
+#: The Messages API has no ``seed``: pinned calls to an engine carry it as an engine member.
 ANTHROPIC = Dialect(
-    "anthropic", "/v1/messages", frozenset({"temperature", "top_p", "top_k", "max_tokens"})
+    "anthropic",
+    "/v1/messages",
+    frozenset({"seed", "temperature", "top_p", "top_k", "max_tokens"}),
+    extensions=frozenset({"strict_cache", "seed"}),
 )
-DIALECTS = {d.route: d for d in (OPENAI, ANTHROPIC)}
+#: The Responses API has no ``seed`` or ``top_k``: pinned calls carry them as engine members.
+RESPONSES = Dialect(
+    "responses",
+    "/v1/responses",
+    frozenset({"seed", "temperature", "top_p", "top_k", "max_tokens"}),
+    extensions=frozenset({"strict_cache", "seed", "top_k"}),
+    renamed=(("max_tokens", "max_output_tokens"),),
+)
+DIALECTS = {d.route: d for d in (OPENAI, ANTHROPIC, RESPONSES)}
 
 
 def _dumps(value: Any) -> bytes:
@@ -159,7 +189,8 @@ def parse_request(raw: bytes) -> dict[str, Any]:
 
 def params_of(request: Mapping[str, Any]) -> dict[str, JsonValue]:
     """The request's parameters as sent: every top-level member that is not prompt."""
-    return {k: v for k, v in request.items() if k not in PROMPT_FIELDS}
+    prompt = prompt_fields(request)
+    return {k: v for k, v in request.items() if k not in prompt}
 
 
 def splice_member(body: bytes, name: str, value: Any) -> bytes | None:

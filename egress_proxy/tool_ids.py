@@ -18,8 +18,11 @@ the identity.
   the ids it issued.
 
 Which ids: OpenAI ``choices[].message.tool_calls[].id`` and ``choices[].delta.tool_calls[].id``;
-Anthropic ``tool_use`` blocks (``content[]``, ``content_block_start.content_block``). Server-side
-tools (``server_tool_use``) are left as they are. Nothing here does I/O.
+Anthropic ``tool_use`` blocks (``content[]``, ``content_block_start.content_block``); OpenAI
+Responses: the ``call_id`` of ``function_call`` items (a response's ``output[]``, an event's
+``item`` or ``response.output[]``; the ``call_id`` quoted back by ``function_call`` and
+``function_call_output`` input items), the item's own ``id`` being left as it is.
+Server-side tools (``server_tool_use``) are left as they are. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from record.digest import tool_call_id
 #: The ``reproducibility`` key of ``model.response`` that holds a reply's mapping.
 RECORD_KEY = "affidavit_tool_call_ids"
 
-DialectName = Literal["openai", "anthropic"]
+DialectName = Literal["openai", "anthropic", "responses"]
 Pairs = list[tuple[str, str]]  # (upstream id, derived id), in ordinal order
 
 
@@ -52,6 +55,8 @@ def ids_in(dialect: DialectName, obj: Any) -> list[str]:
                 if isinstance(holder, dict):
                     found += [c["id"] for c in _dicts(holder.get("tool_calls")) if _id(c)]
         return found
+    if dialect == "responses":
+        return [item["call_id"] for item in _function_calls(obj) if _id(item, "call_id")]
     blocks = [*_dicts(obj.get("content"))]
     message = obj.get("message")
     if isinstance(message, dict):
@@ -66,8 +71,23 @@ def _dicts(value: Any) -> Iterator[dict[str, Any]]:
         yield from (v for v in value if isinstance(v, dict))
 
 
-def _id(holder: dict[str, Any]) -> bool:
-    return isinstance(holder.get("id"), str) and holder["id"] != ""
+def _id(holder: dict[str, Any], key: str = "id") -> bool:
+    return isinstance(holder.get(key), str) and holder[key] != ""
+
+
+def _function_calls(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``function_call`` items of a Responses reply or stream event, in order."""
+    items = [*_dicts(obj.get("output"))]
+    if isinstance(obj.get("item"), dict):
+        items.append(obj["item"])
+    if isinstance(obj.get("response"), dict):
+        items += _dicts(obj["response"].get("output"))
+    return [item for item in items if item.get("type") == "function_call"]
+
+
+def _id_key(dialect: DialectName) -> bytes:
+    """The member that holds a tool-call id, as a JSON string token."""
+    return b'"call_id"' if dialect == "responses" else b'"id"'
 
 
 class Deriver:
@@ -112,7 +132,7 @@ class Deriver:
         table, wanted = self._table(obj)
         if not table:
             return body
-        candidate = replace_id_tokens(body, table)
+        candidate = replace_id_tokens(body, table, _id_key(self.dialect))
         if _json_ids(self.dialect, candidate) == wanted:
             return candidate
         return _reencoded_json(_replaced(self.dialect, obj, table))
@@ -127,7 +147,7 @@ class Deriver:
         data = [i for i, line in enumerate(lines) if line.startswith(b"data:")]
         if len(data) == 1:
             i = data[0]
-            line = replace_id_tokens(lines[i], table)
+            line = replace_id_tokens(lines[i], table, _id_key(self.dialect))
             candidate = b"".join([*lines[:i], line, *lines[i + 1 :]])
             if ids_in(self.dialect, parse_event(candidate).json()) == wanted:
                 return candidate
@@ -183,9 +203,10 @@ _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _SPACE = b" \t\r\n"
 
 
-def replace_id_tokens(raw: bytes, table: Mapping[str, str]) -> bytes:
-    """``raw`` with each JSON string *token* that is the value of an ``id`` member and names a
-    key of ``table`` replaced by its value; every other byte stays where it was.
+def replace_id_tokens(raw: bytes, table: Mapping[str, str], key_token: bytes = b'"id"') -> bytes:
+    """``raw`` with each JSON string *token* that is the value of an ``id`` member (or of the
+    member ``key_token`` names) and names a key of ``table`` replaced by its value; every
+    other byte stays where it was.
 
     Works on a JSON text, or an SSE ``data:`` line holding one: outside strings JSON has no
     quote characters, so scanning string tokens from the first quote finds them all.
@@ -198,7 +219,7 @@ def replace_id_tokens(raw: bytes, table: Mapping[str, str]) -> bytes:
         if _next_byte(raw, match.end()) == ord(":"):
             key = token
             continue
-        if key == b'"id"' and _previous_byte(raw, match.start()) == ord(":"):
+        if key == key_token and _previous_byte(raw, match.start()) == ord(":"):
             try:
                 value = json.loads(token)
             except ValueError:  # an escape JSON does not have: not a value we issued
@@ -234,6 +255,11 @@ def _replaced(dialect: DialectName, obj: Any, table: Mapping[str, str]) -> Any:
     """A copy of ``obj`` with the tool-call ids replaced (the fallback path)."""
     copy = json.loads(json.dumps(obj))
     holders: list[dict[str, Any]] = []
+    if dialect == "responses":
+        for item in _function_calls(copy):
+            if isinstance(item.get("call_id"), str) and item["call_id"] in table:
+                item["call_id"] = table[item["call_id"]]
+        return copy
     if dialect == "openai":
         for choice in _dicts(copy.get("choices")):
             for part in ("message", "delta"):
@@ -292,7 +318,10 @@ def map_back(
 ) -> dict[str, Any] | None:
     """``request`` with the derived ids it quotes turned back into upstream ids (a new dict),
     or None when it quotes none. OpenAI: ``messages[].tool_calls[].id`` and
-    ``messages[].tool_call_id``; Anthropic: ``tool_use.id`` and ``tool_result.tool_use_id``."""
+    ``messages[].tool_call_id``; Anthropic: ``tool_use.id`` and ``tool_result.tool_use_id``;
+    Responses: the ``call_id`` of ``function_call`` and ``function_call_output`` items."""
+    if dialect == "responses":
+        return _map_back_items(request, table)
     messages = request.get("messages")
     if not isinstance(messages, list) or not len(table):
         return None
@@ -332,3 +361,20 @@ def _swap_block(block: Any, swap: Callable[[dict[str, Any], str], dict[str, Any]
     if block.get("type") == "tool_result":
         return swap(block, "tool_use_id")
     return block
+
+
+def _map_back_items(request: Mapping[str, Any], table: ToolIdTable) -> dict[str, Any] | None:
+    items = request.get("input")
+    if not isinstance(items, list) or not len(table):
+        return None
+    changed = False
+    result: list[Any] = []
+    for item in items:
+        kinds = ("function_call", "function_call_output")
+        if isinstance(item, dict) and item.get("type") in kinds:
+            value = item.get("call_id")
+            upstream = table.upstream_of(value) if isinstance(value, str) else None
+            if upstream is not None:
+                item, changed = {**item, "call_id": upstream}, True
+        result.append(item)
+    return {**request, "input": result} if changed else None

@@ -1,6 +1,7 @@
-"""The two model APIs the harness speaks, each through its provider's official SDK.
+"""The model APIs the harness speaks, each through its provider's official SDK.
 
-``OpenAIChat`` uses ``openai`` (Chat Completions), ``AnthropicMessages`` uses ``anthropic``
+``OpenAIChat`` uses ``openai`` (Chat Completions), ``OpenAIResponses`` uses ``openai``
+(Responses: session label ``responses``), ``AnthropicMessages`` uses ``anthropic``
 (Messages). Each turns the harness's conversation and tool catalogue into its API's request,
 streams the reply, and hands back one ``Completion``: the text, the tool calls, why it
 stopped, and the proxy's annotation (OpenAI: a chunk with ``choices: []``; Anthropic: an
@@ -19,10 +20,18 @@ from typing import Any, Literal, Protocol
 from harness import prompt
 from harness.tools import ToolOutput, ToolSpec
 
-__all__ = ["API_NAMES", "AnthropicMessages", "ApiError", "Completion", "ModelApi", "OpenAIChat"]
+__all__ = [
+    "API_NAMES",
+    "AnthropicMessages",
+    "ApiError",
+    "Completion",
+    "ModelApi",
+    "OpenAIChat",
+    "OpenAIResponses",
+]
 
-Api = Literal["openai", "anthropic"]
-API_NAMES: tuple[Api, ...] = ("openai", "anthropic")
+Api = Literal["openai", "anthropic", "responses"]
+API_NAMES: tuple[Api, ...] = ("openai", "anthropic", "responses")
 #: Anthropic requires ``max_tokens``; a session's ``max_tokens`` pin replaces it.
 ANTHROPIC_MAX_TOKENS = 1024
 
@@ -215,9 +224,94 @@ def _collect_anthropic(events: Any) -> Completion:
     return Completion("".join(text), calls, finish, annotation)
 
 
+@dataclass
+class OpenAIResponses:
+    """The Responses API: the conversation as input items (``function_call`` and
+    ``function_call_output`` items for tool calls and results), tools in the flat shape."""
+
+    client: Any  # openai.OpenAI
+
+    def close(self) -> None:
+        self.client.close()
+
+    def complete(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        catalogue: Sequence[ToolSpec],
+        tool_choice: str | dict[str, Any],
+        headers: Mapping[str, str],
+    ) -> Completion:
+        import openai
+
+        extra: dict[str, Any] = {}
+        if catalogue:
+            extra["tools"] = [
+                {"type": "function", "name": s.name, "description": s.description,
+                 "parameters": s.parameters}
+                for s in catalogue
+            ]  # fmt: skip
+            extra["tool_choice"] = _responses_choice(tool_choice)
+        try:
+            events = self.client.responses.create(
+                model=model, input=messages, stream=True, extra_headers=dict(headers), **extra
+            )
+            return _collect_responses(events)
+        except openai.APIError as exc:
+            raise ApiError(f"{type(exc).__name__}: {exc}") from exc
+
+    def reply_messages(
+        self, done: Completion, results: Sequence[tuple[str, ToolOutput]]
+    ) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        if done.content:
+            items.append({"role": "assistant", "content": done.content})
+        items += [
+            {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+            for call_id, name, arguments in done.tool_calls
+        ]
+        items += [
+            {"type": "function_call_output", "call_id": call_id, "output": output.text}
+            for call_id, output in results
+        ]
+        return items
+
+
+def _responses_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, dict):
+        return {"type": "function", "name": str(choice.get("function", {}).get("name", ""))}
+    return choice  # auto, none, required
+
+
+def _collect_responses(events: Any) -> Completion:
+    """Raw events, not the SDK's stream helper: a reply ``max_output_tokens`` cut ends in
+    ``response.incomplete``, which the helper's final response refuses."""
+    text: list[str] = []
+    calls: list[tuple[str, str, str]] = []
+    finish: str | None = None
+    annotation: dict[str, Any] | None = None
+    for event in events:
+        kind = getattr(event, "type", None)
+        if kind == "response.output_text.delta":
+            text.append(event.delta)
+        elif kind == "response.output_item.done" and event.item.type == "function_call":
+            item = event.item
+            calls.append((item.call_id, item.name, item.arguments or "{}"))
+        elif kind == "response.completed":
+            finish = "tool_calls" if calls else "stop"
+        elif kind == "response.incomplete":
+            finish = "length"
+        elif kind == "affidavit":  # the proxy's event; the SDK hands it over untyped
+            extra = getattr(event, "model_extra", None) or {}
+            note = extra.get("affidavit") if isinstance(extra, dict) else None
+            if isinstance(note, dict):
+                annotation = note
+    return Completion("".join(text), calls, finish, annotation)
+
+
 def model_api(
     api: str, base_url: str, token: str, *, http_client: Any = None, timeout: float = 600
-) -> OpenAIChat | AnthropicMessages:
+) -> OpenAIChat | OpenAIResponses | AnthropicMessages:
     """The SDK client for ``api`` at a session's ``base_url`` (``http_client``: an
     ``httpx2.Client`` with its own transport, for the record-backed replays)."""
     if api == "anthropic":
@@ -232,16 +326,15 @@ def model_api(
                 http_client=http_client,
             )
         )
-    if api != "openai":
-        raise ValueError(f"unknown model API {api!r} (openai or anthropic)")
+    if api not in ("openai", "responses"):
+        raise ValueError(f"unknown model API {api!r} (openai, responses or anthropic)")
     import openai
 
-    return OpenAIChat(
-        openai.OpenAI(
-            base_url=base_url + "/v1",
-            api_key=token,
-            max_retries=0,
-            timeout=timeout,
-            http_client=http_client,
-        )
+    client = openai.OpenAI(
+        base_url=base_url + "/v1",
+        api_key=token,
+        max_retries=0,
+        timeout=timeout,
+        http_client=http_client,
     )
+    return OpenAIResponses(client) if api == "responses" else OpenAIChat(client)

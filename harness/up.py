@@ -132,11 +132,13 @@ def running_appliance(
         api = str(provider["api"])
         route = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         servers = {name: dict(cfg) for name, cfg in (mcp_servers or {}).items()}
+        messages = _messages_provider(provider)
+        messages_mount = {"/v1/messages": "messages"} if messages else {}
         config = parse_config(
             {
                 "listen": {"host": "127.0.0.1", "port": 0},
-                "providers": {"model": dict(provider)},
-                "mounts": {route: "model"},
+                "providers": {"model": dict(provider), **messages},
+                "mounts": {route: "model", **_responses_mount(provider), **messages_mount},
                 "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
                 **({"mcp_servers": servers} if servers else {}),
             }
@@ -164,6 +166,22 @@ def running_appliance(
         home.write_appliance(appliance)
         stack.callback(lambda: home.appliance_file.unlink(missing_ok=True))
         yield RunningAppliance(home, appliance, running, proxy, log)
+
+
+def _responses_mount(provider: Mapping[str, Any]) -> dict[str, str]:
+    """The engine also serves OpenAI's Responses API: mounted beside its chat route, so a
+    session can speak either (the Agents SDK's default model speaks Responses)."""
+    engine = provider.get("engine_extensions") and provider.get("api") == "openai"
+    return {"/v1/responses": "model"} if engine else {}
+
+
+def _messages_provider(provider: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The engine also serves Anthropic's Messages API: the same engine as an ``anthropic``
+    provider (``messages``), mounted on ``/v1/messages``, so the ``anthropic`` SDK and a
+    session labelled ``anthropic`` work against the default stack too."""
+    if provider.get("engine_extensions") and provider.get("api") == "openai":
+        return {"messages": {**provider, "api": "anthropic"}}
+    return {}
 
 
 @contextmanager

@@ -52,7 +52,7 @@ from inference.protocol import (
 )
 from inference.scheduler import Finished
 from inference.tool_calls import derived_tool_call_ids, openai_tool_calls
-from record.digest import Domain, canonical_json, digest_hex
+from record.digest import Domain, canonical_json, digest, digest_hex
 
 __all__ = [
     "EngineInfo",
@@ -60,6 +60,7 @@ __all__ = [
     "ReplyIdentity",
     "engine_version",
     "mkl_version",
+    "prompt_tokens_digest",
     "reply_identity",
     "reproducibility_block",
     "system_fingerprint",
@@ -163,6 +164,11 @@ def reply_identity(body: bytes, *, pinned: bool, clock: datetime | None) -> Repl
     return ReplyIdentity(f"chatcmpl-{h}", f"req_{h}", created)
 
 
+def prompt_tokens_digest(token_ids: list[int]) -> str:
+    """``sha256:…`` of domain 0x0D and the canonical JSON list of the prompt's token ids."""
+    return digest(Domain.PROMPT_TOKENS, canonical_json(list(token_ids)))
+
+
 def reproducibility_block(
     info: EngineInfo,
     *,
@@ -177,8 +183,14 @@ def reproducibility_block(
     cached_tokens: int,
     batch_peers_max: int,
     prompt_digest: str,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """The block of one reply, members in a fixed order (the bytes are compared)."""
+    """The block of one reply, members in a fixed order (the bytes are compared).
+
+    ``prompt_tokens_digest`` (domain 0x0D over the canonical JSON list of the prompt's token
+    ids) names what the model actually ran: the same ``prompt_digest`` rendered by another
+    template or tokenizer gives another one. ``None`` where the engine does not know them.
+    """
     return {
         "request_id": request_id,
         "seed": seed,
@@ -204,6 +216,9 @@ def reproducibility_block(
         "tee_type": info.tee_type,
         "image_digest": info.image_digest,
         "prompt_digest": prompt_digest,
+        "prompt_tokens_digest": (
+            None if prompt_token_ids is None else prompt_tokens_digest(prompt_token_ids)
+        ),
         "system_fingerprint": info.system_fingerprint,
     }
 

@@ -48,6 +48,7 @@ __all__ = [
     "parse_clock",
     "parse_request",
     "plain_messages",
+    "response_schema",
     "tool_mode",
 ]
 
@@ -117,6 +118,7 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
@@ -192,6 +194,39 @@ def parse_clock(text: str) -> datetime:
     if "T" not in text.upper() or instant.utcoffset() != timedelta(0):
         raise ApiError(f"clock {text!r} must be an RFC 3339 UTC timestamp", param="clock")
     return instant.astimezone(UTC)
+
+
+def response_schema(response_format: dict[str, Any] | None) -> Any:
+    """The JSON Schema a ``response_format`` constrains the reply to, or ``None`` for text.
+
+    ``json_object``: any object; ``json_schema``: its ``schema`` (absent: any JSON value).
+    The schema itself is checked when its grammar is built.
+    """
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise ApiError(
+            f"response_format.type must be 'text', 'json_object' or 'json_schema', not {kind!r}",
+            param="response_format.type",
+        )
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ApiError(
+            "response_format.json_schema must be an object with a name and a schema",
+            param="response_format.json_schema",
+        )
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise ApiError(
+            "response_format.json_schema.name must be a non-empty string",
+            param="response_format.json_schema.name",
+        )
+    return spec.get("schema", True)
 
 
 def tool_mode(choice: Any, tools: list[dict[str, Any]] | None) -> tuple[str, Any]:

@@ -1,7 +1,10 @@
 """``affidavit engine serve``: the embedded engine behind an OpenAI-compatible HTTP API.
 
-Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``GET /v1/models``, and the debug
-endpoint ``GET /v1/engine/stats`` (scheduler and prefix-cache counters, the self-test).
+Routes: ``POST /v1/chat/completions`` (JSON or SSE), ``POST /v1/responses`` (the Responses
+API on the same path: :mod:`inference.responses_reply`), ``POST /v1/messages``
+(Anthropic's Messages API on the same path: :mod:`inference.messages_api`), ``GET /v1/models``,
+and the debug endpoint ``GET /v1/engine/stats`` (scheduler and prefix-cache counters, the
+self-test).
 A request is validated (:mod:`inference.protocol`), rendered by the model's chat template,
 and handed to the :class:`~inference.scheduler.Scheduler` as a :class:`Job`; a
 :class:`Reply` assembles the answer from the events the scheduler streams back: one
@@ -45,7 +48,7 @@ from starlette.exceptions import HTTPException
 
 from inference.block import EngineInfo, Reply, reply_identity, reproducibility_block
 from inference.checkpoint import load_checkpoint
-from inference.constrained import ToolCallGrammar, validate_tools
+from inference.constrained import JsonGrammar, ToolCallGrammar, Vocabulary, validate_tools
 from inference.forbidden_text import ForbiddenMasks, ForbiddenText
 from inference.invariant import InvarianceReport, self_test
 from inference.model import DecoderModel
@@ -63,11 +66,14 @@ from inference.protocol import (
     parse_clock,
     parse_request,
     plain_messages,
+    response_schema,
     tool_mode,
 )
+from inference.responses_reply import serve_responses
 from inference.sampling import SamplingParams, new_seed
 from inference.scheduler import Event, Finished, Job, Scheduler, Ticket, TokenEvent
 from inference.tokenizer import ChatTemplateError
+from inference.tool_calls import CLOSE_TAG, OPEN_TAG
 from record.digest import prompt_digest
 
 __all__ = [
@@ -125,6 +131,13 @@ class Engine:
             eos_token_ids=self.tokenizer.eos_token_ids,
             prefix_cache=self.prefix_cache,
             max_batch=max_batch,
+        )
+        self.vocabulary = Vocabulary.build(
+            self.tokenizer.to_json(),
+            self.tokens.raw,
+            self.tokenizer.eos_token_ids,
+            vocab_size=self.model.config.vocab_size,
+            tag_ids={t: self.tokenizer.token_to_id(t) for t in (OPEN_TAG, CLOSE_TAG)},
         )
         tag = self.tokenizer.token_to_id(TOOL_CALL_TAG)
         self._no_tool_calls: torch.Tensor | None = None
@@ -194,16 +207,20 @@ class Engine:
         )
         constrained = mode in ("required", "named")
         grammar = self._grammar(tools, choice) if constrained and tools else None
-        forbid = mode == "none" and tools and self._no_tool_calls is None
+        schema = None if grammar is not None else response_schema(request.response_format)
+        shaped = None
+        if schema is not None:
+            shaped = self._json_grammar(schema, tools if mode == "auto" else None)
+        forbid = mode == "none" and tools and self._no_tool_calls is None and shaped is None
         job = Job(
             prompt_ids=prompt_ids,
             params=params,
             seed=seed,
             max_tokens=max_tokens,
-            stop=() if constrained else request.stop_strings(),
+            stop=() if constrained or shaped is not None else request.stop_strings(),
             hold=(TOOL_CALL_TAG,) if mode == "auto" and tools else (),
             allowed=self._no_tool_calls if mode == "none" and tools else None,
-            constraint=self._none_constraint() if forbid else grammar,
+            constraint=self._none_constraint() if forbid else grammar or shaped,
             scope=cache_scope(
                 strict=request.strict_cache,
                 cache_salt=request.cache_salt,
@@ -227,6 +244,7 @@ class Engine:
             cached_tokens=0,
             batch_peers_max=0,
             prompt_digest=digest,
+            prompt_token_ids=prompt_ids,
         )
         reply = Reply(
             identity=identity,
@@ -254,15 +272,17 @@ class Engine:
 
     def _grammar(self, tools: list[dict[str, Any]], choice: Any) -> ToolCallGrammar:
         try:
-            return ToolCallGrammar(
-                tools,
-                choice,
-                self.tokens.texts,
-                self.tokenizer.eos_token_ids,
-                forbidden_token_ids=sorted(self.tokens.special),
-            )
+            return ToolCallGrammar(self.vocabulary, tools, choice)
         except ValueError as exc:
             raise ApiError(f"invalid tools: {exc}", param="tools", code="invalid_tools") from None
+
+    def _json_grammar(self, schema: Any, tools: list[dict[str, Any]] | None) -> JsonGrammar:
+        try:
+            return JsonGrammar(self.vocabulary, schema, tools=tools)
+        except ValueError as exc:
+            raise ApiError(
+                f"invalid response_format: {exc}", param="response_format", code="invalid_schema"
+            ) from None
 
     def _tools(self, request: ChatRequest) -> list[dict[str, Any]] | None:
         if not request.tools:
@@ -404,6 +424,10 @@ def create_app(engine: Engine) -> FastAPI:
     async def stats() -> dict[str, Any]:
         return engine.stats()
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await serve_responses(engine, request)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = await request.body()
@@ -425,6 +449,12 @@ def create_app(engine: Engine) -> FastAPI:
         finally:
             ticket.cancel()
         return Response(payload, status_code=status, media_type="application/json")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        from inference.messages_api import handle  # Anthropic's Messages API
+
+        return await handle(engine, request)
 
     return app
 

@@ -108,6 +108,11 @@ class ChatTokenizer:
         """Size of the vocabulary, added tokens included."""
         return int(self._tokenizer.get_vocab_size(with_added_tokens=True))
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (what llguidance's grammars are built on)."""
+        text: str = self._tokenizer.to_str()
+        return text
+
     def token_to_id(self, token: str) -> int | None:
         """The id of one token's text, or ``None``."""
         found: int | None = self._tokenizer.token_to_id(token)

@@ -1,23 +1,11 @@
 """The OpenAI tool-calling protocol around the engine: tools in, calls out.
 
-- :func:`validate_tools` checks a ``tools`` list, and :func:`compile_schema` turns each
-  function's parameters into the nodes of :mod:`inference.json_acceptor` (the grammar of
-  :mod:`inference.constrained` is built from them);
+- :func:`validate_tools` checks a ``tools`` list: the OpenAI shape, and each function's
+  parameters as valid JSON Schema describing an object (:func:`parameters_schema`; any
+  draft-2020-12 schema, prepared for the grammar by :mod:`inference.schema`);
 - :func:`parse_tool_calls` reads ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``
   blocks (the chat template's layout) out of free text, for ``tool_choice`` ``"auto"``;
 - :func:`openai_tool_calls` gives calls OpenAI's shape, with derived ids.
-
-The JSON Schema subset (anything else is a ``ValueError`` naming its path): ``type`` (a
-name or a list), ``enum``, ``const``, ``properties``, ``required``,
-``additionalProperties``, ``items``, ``minItems``, ``maxItems``, ``minLength``,
-``maxLength``, and the annotations in :data:`ANNOTATIONS`. Policies that keep the
-grammar deterministic: properties come in the order of ``properties``, every required one
-is emitted and an optional one may be skipped; undeclared properties are never emitted (so
-the result is valid whatever ``additionalProperties`` says), except that an object
-declaring no properties is a free-form map unless ``additionalProperties`` is false. Keys
-and ``enum``/``const`` values are spelled as ``json.dumps(..., ensure_ascii=True)`` does,
-so they need only ASCII tokens. ``maxLength`` counts an escape as the one character it
-stands for, as the decoded string does.
 
 A tool-call id is quoted back by the next request (the ``tool`` message's
 ``tool_call_id``), so a random id would make that request's prompt, and everything after
@@ -25,61 +13,37 @@ it, impossible to replay. The id of the ``ordinal``-th call of a reply is instea
 ``record.digest.tool_call_id(prompt_digest, seed, ordinal)``: the same prompt and seed give
 the same ids, and calls in one reply, or replies under other seeds, get different ones.
 
-This module needs no torch: the proxy side can check tools and rebuild ids and shapes.
+This module needs neither torch nor llguidance: the proxy side can check tools and rebuild
+ids and shapes.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from inference.json_acceptor import (
-    Arr,
-    Enum,
-    MapObj,
-    Node,
-    Num,
-    Obj,
-    Str,
-    Syntax,
-    Union,
-    first_chars,
-)
+from inference.schema import check_schema
 from record.digest import tool_call_id
 
 __all__ = [
-    "ANNOTATIONS",
     "CLOSE_TAG",
     "OPEN_TAG",
     "chosen_names",
-    "compile_schema",
     "derived_tool_call_ids",
     "openai_tool_call_deltas",
     "openai_tool_calls",
-    "parameters_node",
+    "parameters_schema",
+    "parse_call",
     "parse_tool_calls",
     "validate_tools",
 ]
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
-ANNOTATIONS = frozenset(
-    {"title", "description", "default", "examples", "$comment", "deprecated", "readOnly"}
-    | {"writeOnly", "$schema"}
-)
-_TYPE_KEYWORDS: dict[str, frozenset[str]] = {
-    "string": frozenset({"minLength", "maxLength"}),
-    "integer": frozenset(),
-    "number": frozenset(),
-    "boolean": frozenset(),
-    "null": frozenset(),
-    "array": frozenset({"items", "minItems", "maxItems"}),
-    "object": frozenset({"properties", "required", "additionalProperties"}),
-}
+_ANNOTATIONS_ONLY = frozenset({"title", "description", "$schema", "$comment"})
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOOL_KEYS = frozenset({"type", "function"})
 _FUNCTION_KEYS = frozenset({"name", "description", "parameters", "strict"})
@@ -118,22 +82,26 @@ def validate_tools(tools: Any) -> list[dict[str, Any]]:
             raise ValueError(f"{where}.function.description must be a string")
         if not isinstance(function.get("strict", False), bool):
             raise ValueError(f"{where}.function.strict must be a boolean")
-        parameters_node(function, Syntax(), f"{where}.function.parameters")
+        parameters_schema(function, f"{where}.function.parameters")
         out.append({"type": "function", "function": copy.deepcopy(dict(function))})
     return out
 
 
-def parameters_node(function: Mapping[str, Any], syntax: Syntax, path: str) -> Node:
-    """The arguments node: an object schema (missing: no arguments; ``{}``: any object)."""
+def parameters_schema(function: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    """A function's parameters: any valid JSON Schema that describes an object (missing: no
+    arguments; annotations only: any object). ``ValueError`` naming ``path`` otherwise."""
     schema = function.get("parameters", _NO_PARAMETERS)
-    if isinstance(schema, Mapping) and not set(schema) - {"title", "description", "$schema"}:
-        schema = {"type": "object"}
-    if not isinstance(schema, Mapping) or schema.get("type") != "object":
+    if isinstance(schema, Mapping) and not set(schema) - _ANNOTATIONS_ONLY:
+        return {**schema, "type": "object"}
+    check_schema(schema, path)
+    if not isinstance(schema, Mapping):
         raise ValueError(f'{path} must be an object schema ("type": "object")')
-    node = compile_schema(schema, syntax, path)
-    if not isinstance(node, Obj | MapObj):
-        raise ValueError(f"{path} must be an object schema, not an enum or const")
-    return node
+    kind = schema.get("type", "object")
+    if kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ValueError(f'{path} must describe an object ("type": "object"), not {kind!r}')
+    if kind != "object":
+        return {**schema, "type": "object"}
+    return schema
 
 
 def chosen_names(tools: list[dict[str, Any]], choice: str | Mapping[str, Any]) -> list[str]:
@@ -150,169 +118,6 @@ def chosen_names(tools: list[dict[str, Any]], choice: str | Mapping[str, Any]) -
             raise ValueError(f"tool_choice names '{name}', which is not among the tools")
         return [name]
     raise ValueError(f"tool_choice {choice!r} does not constrain decoding (use parse_tool_calls)")
-
-
-def compile_schema(schema: Any, syntax: Syntax, path: str = "schema") -> Node:
-    """The node of a schema; ``ValueError`` naming the path and what is unsupported."""
-    if schema is True:
-        return syntax.any
-    if schema is False:
-        raise ValueError(f"{path}: the schema false accepts nothing")
-    if not isinstance(schema, Mapping):
-        raise ValueError(f"{path}: a schema must be a JSON object, not {_kind(schema)}")
-    keywords = set(schema) - ANNOTATIONS
-    types = _types(schema.get("type"), path) if "type" in schema else None
-    if "enum" in schema or "const" in schema:
-        return _enum(schema, keywords, types, syntax, path)
-    if types is None:
-        if keywords:
-            raise ValueError(f"{path}: 'type' is required alongside {sorted(keywords)}")
-        return syntax.any
-    allowed = frozenset({"type"}).union(*(_TYPE_KEYWORDS[t] for t in types))
-    for keyword in sorted(keywords - allowed):
-        others = [t for t, kws in _TYPE_KEYWORDS.items() if keyword in kws]
-        if others:
-            raise ValueError(f"{path}: '{keyword}' does not apply to type {'/'.join(types)}")
-        raise ValueError(f"{path}: unsupported schema keyword '{keyword}'")
-    if "integer" in types and "number" in types:
-        types = [t for t in types if t != "integer"]  # every integer is a number
-    nodes = [_typed(t, schema, syntax, path) for t in types]
-    if len(nodes) == 1:
-        return nodes[0]
-    dispatch: dict[str, Node] = {}
-    for node in nodes:
-        dispatch.update(dict.fromkeys(first_chars(node), node))
-    return Union(dispatch)
-
-
-def _typed(kind: str, schema: Mapping[str, Any], syntax: Syntax, path: str) -> Node:
-    if kind == "string":
-        low = _count(schema, "minLength", path) or 0
-        high = _count(schema, "maxLength", path)
-        if high is not None and high < low:
-            raise ValueError(f"{path}: maxLength {high} is below minLength {low}")
-        return Str(low, high)
-    if kind in ("integer", "number"):
-        return Num(integer=kind == "integer")
-    if kind == "boolean":
-        return Enum(("true", "false"))
-    if kind == "null":
-        return Enum(("null",))
-    if kind == "array":
-        items = schema.get("items", True)
-        if isinstance(items, list):
-            raise ValueError(f"{path}.items: a list of schemas (tuple form) is not supported")
-        low = _count(schema, "minItems", path) or 0
-        high = _count(schema, "maxItems", path)
-        if high is not None and high < low:
-            raise ValueError(f"{path}: maxItems {high} is below minItems {low}")
-        return Arr(compile_schema(items, syntax, f"{path}.items"), low, high, syntax)
-    return _object(schema, syntax, path)
-
-
-def _object(schema: Mapping[str, Any], syntax: Syntax, path: str) -> Node:
-    props = schema.get("properties", {})
-    if not isinstance(props, Mapping) or not all(isinstance(k, str) for k in props):
-        raise ValueError(f"{path}.properties must be an object of schemas")
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise ValueError(f"{path}.required must be a list of property names")
-    if len(set(required)) != len(required):
-        raise ValueError(f"{path}.required lists a property twice")
-    for name in required:
-        if name not in props:
-            raise ValueError(f"{path}.required names '{name}', which is not in properties")
-    extra = schema.get("additionalProperties", True)
-    if not isinstance(extra, bool | Mapping):
-        raise ValueError(f"{path}.additionalProperties must be a boolean or a schema")
-    extra_node = (
-        compile_schema(extra, syntax, f"{path}.additionalProperties")
-        if isinstance(extra, Mapping)
-        else syntax.any
-    )
-    if not props and extra is not False:
-        return MapObj(extra_node, syntax)
-    entries = [
-        (
-            json.dumps(name, ensure_ascii=True),
-            compile_schema(sub, syntax, f"{path}.properties.{name}"),
-            name in required,
-        )
-        for name, sub in props.items()
-    ]
-    return Obj(entries, syntax)
-
-
-def _enum(
-    schema: Mapping[str, Any],
-    keywords: set[str],
-    types: list[str] | None,
-    syntax: Syntax,
-    path: str,
-) -> Node:
-    if "enum" in schema and "const" in schema:
-        raise ValueError(f"{path}: use 'enum' or 'const', not both")
-    extra = keywords - {"enum", "const", "type"}
-    if extra:
-        raise ValueError(f"{path}: {sorted(extra)} alongside enum/const is not supported")
-    values = schema["enum"] if "enum" in schema else [schema["const"]]
-    if not isinstance(values, list) or not values:
-        raise ValueError(f"{path}.enum must be a non-empty list")
-    item, key = syntax.item.text, syntax.key.text
-    texts = []
-    for value in values:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**53:
-            raise ValueError(f"{path}: enum value {value} is outside I-JSON's exact integers")
-        if types is not None and not any(_is_type(value, t) for t in types):
-            raise ValueError(f"{path}: enum value {value!r} is not of type {'/'.join(types)}")
-        try:
-            texts.append(
-                json.dumps(value, ensure_ascii=True, allow_nan=False, separators=(item, key))
-            )
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{path}: enum value {value!r} is not JSON: {exc}") from None
-    return Enum(tuple(texts))
-
-
-def _types(value: Any, path: str) -> list[str]:
-    names = [value] if isinstance(value, str) else value
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{path}.type must be a type name or a non-empty list of them")
-    for name in names:
-        if name not in _TYPE_KEYWORDS:
-            raise ValueError(f"{path}.type: unknown type '{name}'")
-    return list(dict.fromkeys(names))
-
-
-def _is_type(value: Any, kind: str) -> bool:
-    if kind == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, float) and math.isfinite(value) and value.is_integer()
-        )
-    checks: dict[str, Any] = {
-        "string": str,
-        "number": int | float,
-        "boolean": bool,
-        "null": type(None),
-        "array": list,
-        "object": dict,
-    }
-    if kind == "number" and isinstance(value, bool):
-        return False
-    return isinstance(value, checks[kind])
-
-
-def _count(schema: Mapping[str, Any], keyword: str, path: str) -> int | None:
-    value = schema.get(keyword)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{path}.{keyword} must be a non-negative integer")
-    return value
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
 
 
 def derived_tool_call_ids(prompt_digest: str, seed: int | None, count: int) -> list[str]:
@@ -381,7 +186,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
         if end < 0:
             break
         start = text.rfind(OPEN_TAG, start, end)  # the innermost opening tag
-        call = _parse_call(text[start + len(OPEN_TAG) : end])
+        call = parse_call(text[start + len(OPEN_TAG) : end])
         after = end + len(CLOSE_TAG)
         if call is None:
             content.append(text[pos:after])
@@ -395,7 +200,7 @@ def parse_tool_calls(text: str) -> tuple[str, list[tuple[str, str]]]:
     return "".join(content).strip(), calls
 
 
-def _parse_call(body: str) -> tuple[str, str] | None:
+def parse_call(body: str) -> tuple[str, str] | None:
     """``(name, arguments text)`` of one block's JSON, or ``None`` if it is not a call."""
     s = body.strip(" \t\n\r")
     try:

@@ -29,6 +29,7 @@ __all__ = [
     "parse_digest",
     "prompt_bytes",
     "prompt_digest",
+    "prompt_fields",
     "tool_call_id",
 ]
 
@@ -52,6 +53,7 @@ class Domain(IntEnum):
     WEIGHTS = 0x0A  # model weights (engine's half of the reproducibility block)
     EVIDENCE = 0x0B  # archived attestation evidence
     BODY = 0x0C  # a sealed entry's plaintext body
+    PROMPT_TOKENS = 0x0D  # the token ids an engine ran: canonical JSON of the id list
 
 
 def digest(domain: Domain, data: bytes) -> str:
@@ -123,15 +125,27 @@ def _plain(value: Any) -> bool:
 
 #: The request members that make up a prompt: what the model reads, not how it samples.
 PROMPT_FIELDS = ("model", "system", "messages", "tools", "tool_choice", "response_format")
+#: The prompt members of an OpenAI Responses request (one with ``input`` and no ``messages``).
+RESPONSES_PROMPT_FIELDS = ("model", "instructions", "input", "tools", "tool_choice", "text")
+
+
+def prompt_fields(request: Mapping[str, Any]) -> tuple[str, ...]:
+    """The members that are prompt in ``request``: a Responses request (``input``, no
+    ``messages``) has its own; every Chat Completions or Messages request carries
+    ``messages``, so its prompt, and its digest, are what :data:`PROMPT_FIELDS` always said."""
+    if "messages" not in request and "input" in request:
+        return RESPONSES_PROMPT_FIELDS
+    return PROMPT_FIELDS
 
 
 def prompt_bytes(request: Mapping[str, Any]) -> bytes:
-    """The canonical prompt of a chat request (OpenAI or Anthropic shape) as the engine sees it.
+    """The canonical prompt of a model request (Chat Completions, Messages or Responses shape)
+    as the engine sees it.
 
     The proxy hashes it after pins and clock are applied; the engine hashes the same members
     of what it received, so both halves of a reproducibility block name one prompt digest.
     """
-    return canonical_json({key: request[key] for key in PROMPT_FIELDS if key in request})
+    return canonical_json({key: request[key] for key in prompt_fields(request) if key in request})
 
 
 def prompt_digest(request: Mapping[str, Any]) -> str:

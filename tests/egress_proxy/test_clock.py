@@ -109,14 +109,53 @@ def test_the_clock_has_one_place_in_each_prompt() -> None:
         "clock": now,
     }
     assert inject_clock("openai", {"messages": "hi"}, now) is None
-    assert inject_clock("anthropic", {"messages": []}, now) == {"messages": [], "system": [clock]}
-    assert inject_clock("anthropic", {"system": ""}, now) == {"system": [clock]}
-    assert inject_clock("anthropic", {"system": "be brief"}, now) == {
-        "system": [clock, {"type": "text", "text": "be brief"}]
+    # Anthropic, fold: into system, as into a system message; the engine's member too
+    assert inject_clock("anthropic", {"messages": []}, now) == {"messages": [], "system": line}
+    assert inject_clock("anthropic", {"system": ""}, now) == {"system": line}
+    assert inject_clock("anthropic", {"system": []}, now) == {"system": line}
+    assert inject_clock("anthropic", {"system": "be brief"}, now, engine_field=True) == {
+        "system": f"{line}\n\nbe brief",
+        "clock": now,
     }
     block = {"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}
-    assert inject_clock("anthropic", {"system": [block]}, now) == {"system": [clock, block]}
+    assert inject_clock("anthropic", {"system": [block]}, now) == {
+        "system": [{"type": "text", "text": f"{line}\n\n"}, block]
+    }  # the client's blocks, cache_control and all, untouched
     assert inject_clock("anthropic", {"system": 5}, now) is None
+
+    # Anthropic, prepend (records written before fold): a block of its own, first
+    def prepend(request: dict[str, Any]) -> dict[str, Any] | None:
+        return inject_clock("anthropic", request, now, rule="prepend")
+
+    assert prepend({"messages": []}) == {"messages": [], "system": [clock]}
+    assert prepend({"system": ""}) == {"system": [clock]}
+    assert prepend({"system": "be brief"}) == {
+        "system": [clock, {"type": "text", "text": "be brief"}]
+    }
+    assert prepend({"system": [block]}) == {"system": [clock, block]}
+    assert prepend({"system": 5}) is None
+
+
+def test_the_responses_api_gets_the_clock_in_its_instructions() -> None:
+    now = "2026-11-30T14:20:30Z"
+    line = f"Current date and time: {now} (UTC)"
+    asked = {"model": "m", "input": "hi"}
+    assert inject_clock("responses", asked, now) == {**asked, "instructions": line}
+    assert inject_clock("responses", {**asked, "instructions": None}, now) == {
+        **asked, "instructions": line
+    }  # fmt: skip
+    assert inject_clock("responses", {**asked, "instructions": ""}, now) == {
+        **asked, "instructions": line
+    }  # fmt: skip
+    folded = {**asked, "instructions": f"{line}\n\nbe brief", "clock": now}
+    own = {**asked, "instructions": "be brief"}
+    assert inject_clock("responses", own, now, engine_field=True) == folded
+    # instructions are one string: either rule folds into it
+    assert inject_clock("responses", own, now, rule="prepend") == {
+        **asked, "instructions": f"{line}\n\nbe brief"
+    }  # fmt: skip
+    assert inject_clock("responses", {**asked, "instructions": ["x"]}, now) is None
+    assert own == {"model": "m", "input": "hi", "instructions": "be brief"}  # left alone
 
 
 def test_every_call_gets_its_own_clock_sent_recorded_and_annotated(clocked: Rig) -> None:
@@ -151,7 +190,7 @@ def test_every_call_gets_its_own_clock_sent_recorded_and_annotated(clocked: Rig)
         assert request.params["clock"] == note["clock"]
 
 
-def test_anthropic_gets_the_clock_as_the_first_system_block(clocked: Rig) -> None:
+def test_anthropic_gets_the_clock_folded_into_system(clocked: Rig) -> None:
     rig = clocked
     rig.upstream.script = Script(chunks=[MESSAGE_REPLY])
     session = rig.open_session(pins={"temperature": 0})
@@ -163,11 +202,8 @@ def test_anthropic_gets_the_clock_as_the_first_system_block(clocked: Rig) -> Non
     )
     note = json.loads(raw.http_response.content)["affidavit"]
     sent = json.loads(rig.upstream.received[-1].body)
-    assert sent["system"] == [
-        {"type": "text", "text": f"Current date and time: {note['clock']} (UTC)"},
-        {"type": "text", "text": "be brief"},
-    ]
-    assert "clock" not in sent  # engine extensions are an OpenAI-dialect matter
+    assert sent["system"] == f"Current date and time: {note['clock']} (UTC)\n\nbe brief"
+    assert "clock" not in sent  # this provider is no engine (no engine_extensions)
     assert sent["temperature"] == 0
     request = recorded(rig, session.session_id, note["request_seq"])
     assert (request.clock, request.prompt_digest) == (note["clock"], prompt_digest(sent))

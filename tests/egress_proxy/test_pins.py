@@ -28,9 +28,8 @@ import openai
 import pytest
 
 from egress_proxy.config import parse_config
-from egress_proxy.errors import ConfigError
 from egress_proxy.pins import SEED_MAX, apply_pins, default_pins, validate_pins
-from egress_proxy.providers import OPENAI
+from egress_proxy.providers import ANTHROPIC, OPENAI, RESPONSES
 from egress_proxy.server import ProxyServer
 from record.digest import canonical_json
 from record.log import Log
@@ -183,8 +182,11 @@ def test_anthropic_says_which_pins_it_cannot_take(fresh: Rig) -> None:
     assert note["pins_applied"] == {"top_k": 4, "max_tokens": 16}
     assert note["pins_overrode"] == {"max_tokens": {"requested": 100, "pinned": 16}}
     assert note["pins_not_applied"] == {
-        "seed": "the Anthropic Messages API has no seed",
-        "strict_cache": "strict_cache is an engine extension; the Anthropic Messages API has none",
+        "seed": "seed is an engine extension; provider 'anthropic' does not set engine_extensions",
+        "strict_cache": (
+            "strict_cache is an engine extension; provider 'anthropic' "
+            "does not set engine_extensions"
+        ),
     }
     assert request_entry(rig, session.session_id, note["request_seq"]).pins == {
         "top_k": 4,
@@ -240,12 +242,46 @@ def test_an_override_is_a_different_json_value(requested: Any, pinned: Any, over
     assert bool(outcome.overrode) is overrode
 
 
-def test_only_an_openai_provider_can_declare_engine_extensions() -> None:
+def test_the_responses_api_takes_seed_and_top_k_only_as_engine_members() -> None:
+    pins = {"seed": 5, "top_k": 3, "temperature": 0.5, "max_tokens": 16, "strict_cache": True}
+    asked = {"model": "m", "input": "hi", "max_output_tokens": 99}
+    engine = apply_pins(RESPONSES, asked, pins, provider="e", engine_extensions=True)
+    assert engine.request == {
+        "model": "m", "input": "hi", "max_output_tokens": 16, "seed": 5, "top_k": 3,
+        "temperature": 0.5, "strict_cache": True,
+    }  # fmt: skip
+    assert engine.applied == pins and engine.not_applied == {}
+    assert engine.overrode == {"max_tokens": {"requested": 99, "pinned": 16}}
+    plain = apply_pins(RESPONSES, asked, pins, provider="openai")
+    assert plain.request == {"model": "m", "input": "hi", "max_output_tokens": 16,
+                             "temperature": 0.5}  # fmt: skip
+    assert sorted(plain.not_applied) == ["seed", "strict_cache", "top_k"]
+    assert plain.not_applied["seed"] == (
+        "seed is an engine extension; provider 'openai' does not set engine_extensions"
+    )
+
+
+def test_the_messages_api_takes_seed_and_strict_cache_only_as_engine_members() -> None:
     doc = {
         "providers": {"c": {"api": "anthropic", "base_url": "http://x", "engine_extensions": True}}
     }
-    with pytest.raises(ConfigError, match=r"providers\.c: .*engine_extensions"):
-        parse_config(doc, source="proxy.toml")
+    assert parse_config(doc, source="proxy.toml").providers["c"].engine_extensions
+    pins = {"seed": 5, "top_k": 3, "max_tokens": 16, "strict_cache": True}
+    asked = {"model": "m", "max_tokens": 99, "messages": []}
+    engine = apply_pins(ANTHROPIC, asked, pins, provider="c", engine_extensions=True)
+    assert engine.request == {
+        "model": "m", "max_tokens": 16, "messages": [], "seed": 5, "top_k": 3,
+        "strict_cache": True,
+    }  # fmt: skip
+    assert engine.applied == pins and engine.not_applied == {}
+    plain = apply_pins(ANTHROPIC, asked, pins, provider="claude")
+    assert plain.request == {"model": "m", "max_tokens": 16, "messages": [], "top_k": 3}
+    assert plain.not_applied == {
+        "seed": "seed is an engine extension; provider 'claude' does not set engine_extensions",
+        "strict_cache": (
+            "strict_cache is an engine extension; provider 'claude' does not set engine_extensions"
+        ),
+    }
 
 
 def test_default_pins_draw_a_fresh_seed_and_spell_out_the_defaults() -> None:

@@ -314,3 +314,55 @@ def test_a_record_is_rebuilt_under_the_clock_rule_it_was_written_under(
 
     asyncio.run(rebuild())
     assert recon.transport.index.served == 1  # the same content key: the same bytes
+
+
+@pytest.mark.parametrize("rule", ["prepend", "fold"])
+def test_a_messages_record_is_rebuilt_under_the_clock_rule_it_was_written_under(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str
+) -> None:
+    """The same for Anthropic's Messages API: ``prepend`` put the clock in a text block of its
+    own, ``fold`` folds it into a string ``system``; each record rebuilds under its rule."""
+    import functools
+
+    import egress_proxy.app as app_module
+    from egress_proxy.replay import read_stream
+    from record.schema import ModelRequest
+
+    monkeypatch.setattr(
+        app_module, "Upstream", functools.partial(app_module.Upstream, clock_rule=rule)
+    )
+    store_path, user = tmp_path / "record.db", KeyPair.generate()
+    log = Log.open(store_path, appliance_key=KeyPair.generate())
+    upstream = FakeUpstream()
+    upstream.queue = [Script(chunks=[EVENTS], content_type="text/event-stream")]
+    ask = {"model": "claude", "max_tokens": 5, "stream": True, "system": "be brief",
+           "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    with LoopbackServer(upstream) as up:
+        config = proxy_config(up.url, inject_clock=True)
+        with ProxyServer(config, log, env=ENV) as proxy:
+            opened = proxy.registry.open_session([user.recipient], {}, {"temperature": 0.5})
+            httpx.post(
+                f"{opened.anthropic_base_url}/v1/messages",
+                json=ask,
+                headers={"x-api-key": opened.token},
+            ).raise_for_status()
+    log.close()
+    system = json.loads(upstream.received[0].body)["system"]
+    if rule == "prepend":
+        assert isinstance(system, list) and [b["text"] for b in system][1] == "be brief"
+    else:
+        assert isinstance(system, str) and system.endswith(" (UTC)\n\nbe brief")
+    (request,) = [
+        b
+        for _, b in read_stream(store_path, opened.session_id, user)
+        if isinstance(b, ModelRequest)
+    ]
+    assert request.clock_rule == rule
+    recon = reconstruct_pipeline(store_path, opened.session_id, user)
+
+    async def rebuild() -> None:
+        for raw in recon.recorded_inputs():
+            await recon.run(raw)
+
+    asyncio.run(rebuild())
+    assert recon.transport.index.served == 1  # the same content key: the same bytes

@@ -424,3 +424,53 @@ def _run(body: AsyncIterator[bytes]) -> bytes:
         return b"".join([chunk async for chunk in body])
 
     return asyncio.run(collect())
+
+
+def test_responses_call_ids_are_derived_in_every_event_and_taken_back() -> None:
+    """A Responses stream names a call's ``call_id`` in several events (added, done, the
+    completed response): each gets the one derived id; the item's own ``id`` stays."""
+    digest = prompt_digest({"model": "m", "input": "hi"})
+    item = {"type": "function_call", "id": "fc_up", "call_id": "call_up1", "name": "f",
+            "arguments": "{}", "status": "completed"}  # fmt: skip
+    events = [
+        {"type": "response.output_item.added", "sequence_number": 0, "output_index": 0,
+         "item": {**item, "arguments": "", "status": "in_progress"}},
+        {"type": "response.output_item.done", "sequence_number": 1, "output_index": 0,
+         "item": item},
+        {"type": "response.completed", "sequence_number": 2,
+         "response": {"id": "resp_up", "output": [item, {**item, "call_id": "call_up2"}]}},
+    ]  # fmt: skip
+    stream = b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+    table = ToolIdTable()
+    deriver = Deriver("responses", digest, SEED, on_new=table.add)
+    delivered = b"".join(deriver.rewrite_event(block) for block in _blocks(stream))
+    first, second = tool_call_id(digest, SEED, 0), tool_call_id(digest, SEED, 1)
+    assert deriver.pairs == [("call_up1", first), ("call_up2", second)]
+    assert delivered == stream.replace(b"call_up1", first.encode()).replace(
+        b"call_up2", second.encode()
+    )  # every other byte where it was: the item id "fc_up" too
+    assert Deriver("responses", digest, SEED).scan(stream, True) == deriver.pairs
+    whole = json.dumps(events[2]["response"]).encode()
+    assert (
+        json.loads(Deriver("responses", digest, SEED).rewrite_json(whole))["output"][1]["call_id"]
+        == second
+    )
+    asked = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "function_call", "id": "fc_up", "call_id": first, "name": "f",
+             "arguments": "{}"},
+            {"type": "function_call_output", "call_id": first, "output": "ok"},
+            {"type": "function_call_output", "call_id": "call_unknown", "output": "ok"},
+        ],
+    }  # fmt: skip
+    back = map_back("responses", asked, table)
+    assert back is not None
+    assert [i.get("call_id") for i in back["input"]] == [
+        None,
+        "call_up1",
+        "call_up1",
+        "call_unknown",
+    ]
+    assert map_back("responses", {"input": "hi"}, table) is None

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 from datetime import UTC, datetime
@@ -37,6 +38,7 @@ from inference.scheduler import Event, Finished, TokenEvent  # noqa: E402
 from inference.server import stream  # noqa: E402
 from inference.tool_calls import derived_tool_call_ids  # noqa: E402
 from inference.weights import weights_digest  # noqa: E402
+from record.digest import Domain  # noqa: E402
 
 #: The members acceptance line 6 names, in the block's order.
 BLOCK_KEYS = [
@@ -64,6 +66,7 @@ BLOCK_KEYS = [
     "tee_type",
     "image_digest",
     "prompt_digest",
+    "prompt_tokens_digest",
     "system_fingerprint",
 ]
 
@@ -134,9 +137,13 @@ def test_block_members_and_environment(
         cached_tokens=0,
         batch_peers_max=2,
         prompt_digest="sha256:" + "2" * 64,
+        prompt_token_ids=[1, 20, 300],
     )
     assert list(block) == BLOCK_KEYS
     assert block["system_fingerprint"] == info.system_fingerprint
+    # the token ids the engine ran, rebuilt from the documented definition
+    material = bytes([Domain.PROMPT_TOKENS]) + b"[1,20,300]"
+    assert block["prompt_tokens_digest"] == "sha256:" + hashlib.sha256(material).hexdigest()
     assert json.loads(json.dumps(block)) == block
 
     monkeypatch.delenv("AFFIDAVIT_TEE_TYPE")

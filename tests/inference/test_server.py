@@ -36,6 +36,7 @@ for _module in ("torch", "fastapi", "uvicorn", "httpx", "openai"):
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
+from inference.block import prompt_tokens_digest  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from inference.tool_calls import derived_tool_call_ids  # noqa: E402
 from record.digest import Domain, digest_hex, prompt_digest  # noqa: E402
@@ -46,7 +47,8 @@ TIMEOUT_S = 60.0
 WORDS = ("the", "a", "cat", "sat", "on", "mat", "sky", "tool", "call", "city", "river", "stone")
 CLOCK = "2025-06-01T12:00:00Z"
 UNIT = {"type": "string", "enum": ["c", "f"]}
-PROPERTIES = {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": UNIT}
+CITY = {"type": "string", "maxLength": 24}  # a random model's free string may never close
+PROPERTIES = {"city": CITY, "days": {"type": "integer"}, "unit": UNIT}
 ARGS = {"type": "object", "properties": PROPERTIES, "required": ["city", "unit"]}
 WEATHER: Any = {
     "type": "function",
@@ -312,6 +314,8 @@ def test_several_opening_system_messages_and_the_developer_role_reach_the_templa
     prompt = engine.tokenizer.decode(job.prompt_ids)
     opening = "Current date and time: 2026-11-30T14:20:30Z (UTC)\n\nYou are an agent.\n\nBe brief."
     assert prompt.startswith(f"<|im_start|>system\n{opening}<|im_end|>\n<|im_start|>user\n")
+    ran = reply.model_extra["reproducibility"]["prompt_tokens_digest"]  # the ids the model ran
+    assert ran == prompt_tokens_digest(job.prompt_ids)
     later: Any = [*messages, {"role": "assistant", "content": "ok"}, messages[2]]
     refused = sdk.chat.completions.with_raw_response
     with pytest.raises(openai.BadRequestError, match="only allowed first"):

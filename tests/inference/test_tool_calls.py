@@ -140,11 +140,18 @@ def test_parse_tool_calls_is_reexported_by_the_grammar_module() -> None:
 def test_a_grammar_call_re_renders_exactly_as_generated(request: pytest.FixtureRequest) -> None:
     pytest.importorskip("torch", reason="the grammar needs torch (the `engine` extra)")
     tiny_model_dir: Path = request.getfixturevalue("tiny_model_dir")  # needs the engine too
-    from inference.constrained import ToolCallGrammar
+    from inference.constrained import ToolCallGrammar, Vocabulary
+    from inference.protocol import TokenTable
     from inference.tokenizer import ChatTokenizer
 
     tokenizer = ChatTokenizer.from_dir(tiny_model_dir)
-    texts = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    vocabulary = Vocabulary.build(
+        tokenizer.to_json(),
+        TokenTable.load(tiny_model_dir, tokenizer.vocab_size).raw,
+        tokenizer.eos_token_ids,
+        vocab_size=tokenizer.vocab_size,
+        tag_ids={t: tokenizer.token_to_id(t) for t in ("<tool_call>", "</tool_call>")},
+    )
     tools = [
         {
             "type": "function",
@@ -164,14 +171,15 @@ def test_a_grammar_call_re_renders_exactly_as_generated(request: pytest.FixtureR
     ]
     messages = [{"role": "user", "content": "Weather in Paris?"}]
     prompt = tokenizer.render(messages, tools=tools)
-    for city, rendered_city in [("Paris", "Paris"), ("\\u00cele-de-France", "Île-de-France")]:
-        # The tiny vocabulary has "Î" only as two partial byte tokens, which the grammar
-        # leaves out, so the model spells it as an escape; the template writes it plainly.
+    for city, rendered_city in [("Paris", "Paris"), ("Île-de-France", "Île-de-France")]:
+        # The tiny vocabulary has "Î" only as two partial byte tokens: the text is decoded
+        # from the tokens' bytes, so the pair still reads as one character. (The grammar
+        # writes a non-ASCII character as itself, never as a \u escape, as the template does.)
         generated = (
             '<tool_call>\n{"name": "get_weather", "arguments": '
             f'{{"city": "{city}", "days": 3, "units": ["c", "f"]}}}}\n</tool_call>'
         )
-        grammar = ToolCallGrammar(tools, "required", texts, tokenizer.eos_token_ids)
+        grammar = ToolCallGrammar(vocabulary, tools, "required")
         for token_id in tokenizer.encode(generated):
             grammar.advance(token_id)
         assert grammar.complete and grammar.text == generated

@@ -327,3 +327,31 @@ def test_no_module_constructs_a_domain_or_passes_a_literal_domain() -> None:
                     if value[:1] and value[0] in {int(d) for d in Domain}:
                         problems.append(f"{name}:{node.lineno}: sha256 of a literal domain byte")
     assert problems == []
+
+
+def test_a_chat_or_messages_prompt_keeps_its_digest_and_a_responses_prompt_is_covered() -> None:
+    from record.digest import prompt_bytes, prompt_digest
+
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 1,
+            "tools": [], "input": "stray", "instructions": "stray", "text": {}}  # fmt: skip
+    # the definition before Responses, written out: these members, nothing else
+    old = canonical_json({k: chat[k] for k in ("model", "messages", "tools")})
+    assert prompt_bytes(chat) == old
+    assert prompt_digest(chat) == digest(Domain.PROMPT, old)
+    messages = {"model": "c", "system": "be brief", "messages": [], "max_tokens": 9}
+    assert prompt_bytes(messages) == canonical_json(
+        {"model": "c", "system": "be brief", "messages": []}
+    )
+    responses = {
+        "model": "m", "instructions": "be brief", "input": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "name": "f"}], "tool_choice": "auto",
+        "text": {"format": {"type": "json_object"}}, "seed": 1, "max_output_tokens": 9,
+        "temperature": 0.5, "stream": True,
+    }  # fmt: skip
+    prompt = json.loads(prompt_bytes(responses))
+    assert sorted(prompt) == ["input", "instructions", "model", "text", "tool_choice", "tools"]
+    # every prompt member changes the digest; sampling members do not
+    for member in prompt:
+        assert prompt_digest({**responses, member: "changed"}) != prompt_digest(responses)
+    for member in ("seed", "max_output_tokens", "temperature", "stream"):
+        assert prompt_digest({**responses, member: 2}) == prompt_digest(responses)
