@@ -200,7 +200,15 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(
                 json.dumps(
-                    {"session": state.session_id, "base_url": state.base_url, "pins": state.pins}
+                    {
+                        "session": state.session_id,
+                        "base_url": state.base_url,
+                        # what any client needs: the SDKs' base_url and the token as API key
+                        "openai_base_url": state.base_url + "/v1",
+                        "anthropic_base_url": state.base_url,
+                        "token": state.token,
+                        "pins": state.pins,
+                    }
                 )
             )
         else:

@@ -35,6 +35,7 @@ matcher per reply); a mask takes about 0.1 ms.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -198,7 +199,11 @@ class ToolCallGrammar(_Constrained):
         checked = validate_tools(list(tools))
         names = chosen_names(checked, choice)
         rules = _call_rules(vocabulary, checked, names)
-        super().__init__(vocabulary, "start: call\n" + rules)
+        try:
+            super().__init__(vocabulary, "start: call\n" + rules)
+        except GrammarError:
+            _name_the_tool(vocabulary, checked, names)
+            raise
 
     def calls(self) -> list[tuple[str, str]]:
         """``[(name, arguments_json_text)]`` once complete (``[]`` before: cut short)."""
@@ -232,6 +237,18 @@ class JsonGrammar(_Constrained):
         super().__init__(vocabulary, f"{start}\n{rules}")
 
 
+def _name_the_tool(vocabulary: Vocabulary, tools: list[dict[str, Any]], names: list[str]) -> None:
+    """Raise a :class:`GrammarError` naming the first tool whose parameters do not compile."""
+    for tool in tools:
+        name = tool["function"]["name"]
+        if name not in names:
+            continue
+        schema = grammar_schema(parameters_schema(tool["function"], "parameters"))
+        matcher = LLMatcher(vocabulary.tokenizer, f"start: %json {_json(schema)}", log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"tool '{name}' parameters: {_first_line(matcher.get_error())}")
+
+
 def _call_rules(vocabulary: Vocabulary, tools: list[dict[str, Any]], names: list[str]) -> str:
     """Lark rules for ``call``: the tag, one of the named tools with its arguments, the tag."""
     by_name = {tool["function"]["name"]: tool["function"] for tool in tools}
@@ -261,5 +278,9 @@ def _json(schema: Mapping[str, Any]) -> str:
 
 
 def _first_line(message: str) -> str:
-    lines = [line for line in message.strip().splitlines() if line.strip()]
-    return " ".join(lines[:3]) if lines else "grammar error"
+    """llguidance's message without its grammar excerpt and position prefix."""
+    first = message.strip().splitlines()[0] if message.strip() else "grammar error"
+    return _POSITION.sub("", first).removeprefix("failed to compile JSON schema: ")
+
+
+_POSITION = re.compile(r"^at \d+\(\d+\): ")

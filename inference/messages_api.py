@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from inference.block import Reply, ReplyIdentity
-from inference.protocol import SEED_MAX, SEED_MIN, ApiError, json_bytes
+from inference.protocol import SEED_MAX, SEED_MIN, ApiError, json_bytes, load_request
 from inference.scheduler import Event, Finished, Job, Ticket, TokenEvent
 from record.digest import Domain, digest_hex, prompt_digest
 
@@ -122,12 +122,7 @@ def _error(exc: ApiError) -> Response:
 
 def parse_messages_request(body: bytes) -> tuple[MessagesRequest, dict[str, Any]]:
     """The validated request and its raw JSON object; :class:`ApiError` naming the field."""
-    try:
-        raw = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ApiError("the request body must be a JSON object")
+    raw = load_request(body)
     try:
         request = MessagesRequest.model_validate(raw)
     except ValidationError as exc:
@@ -135,10 +130,6 @@ def parse_messages_request(body: bytes) -> tuple[MessagesRequest, dict[str, Any]
         param = ".".join(str(part) for part in first["loc"]) or None
         raise ApiError(f"{param}: {first['msg']}", param=param) from None
     return request, raw
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def chat_request(request: MessagesRequest) -> dict[str, Any]:

@@ -45,6 +45,8 @@ __all__ = [
     "error_body",
     "ignored_fields",
     "json_bytes",
+    "load_request",
+    "nesting_depth",
     "parse_clock",
     "parse_request",
     "plain_messages",
@@ -154,14 +156,53 @@ class ChatRequest(BaseModel):
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
 
-def parse_request(body: bytes) -> tuple[ChatRequest, dict[str, Any]]:
-    """Validated request and the raw JSON object (the prompt digest hashes the raw one)."""
+#: Deepest nesting of arrays and objects a request may have. Real requests stay far below
+#: (a pydantic tool schema nests a few levels, ``$defs`` keep it flat); the template, the
+#: schema check and the grammar all walk a request recursively, so a deeper one is refused
+#: here rather than failing with a recursion error inside.
+MAX_NESTING = 128
+
+
+def load_request(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (no NaN, at most :data:`MAX_NESTING` deep), or
+    :class:`ApiError` saying what is wrong with it."""
     try:
         raw = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raw = None
+        depth = MAX_NESTING + 1
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    else:
+        depth = nesting_depth(raw)
+    if depth > MAX_NESTING:
+        raise ApiError(
+            f"the request body nests arrays and objects more than {MAX_NESTING} deep",
+            code="invalid_json",
+        )
     if not isinstance(raw, dict):
         raise ApiError("the request body must be a JSON object", code="invalid_json")
+    return raw
+
+
+def nesting_depth(value: Any) -> int:
+    """How deep arrays and objects nest in a parsed JSON value (a scalar is 0); iterative."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        todo.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_request(body: bytes) -> tuple[ChatRequest, dict[str, Any]]:
+    """Validated request and the raw JSON object (the prompt digest hashes the raw one)."""
+    raw = load_request(body)
     try:
         request = ChatRequest.model_validate(raw)
     except ValidationError as exc:

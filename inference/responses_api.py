@@ -19,12 +19,11 @@ torch: :mod:`inference.responses_reply` shapes the answer.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from inference.protocol import SEED_MAX, SEED_MIN, ApiError
+from inference.protocol import SEED_MAX, SEED_MIN, ApiError, load_request
 
 __all__ = ["ResponsesRequest", "chat_request", "parse_responses_request"]
 
@@ -64,12 +63,7 @@ class ResponsesRequest(BaseModel):
 
 def parse_responses_request(body: bytes) -> tuple[ResponsesRequest, dict[str, Any]]:
     """The validated request and its raw JSON object (the prompt digest hashes the raw one)."""
-    try:
-        raw = json.loads(body, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(raw, dict):
-        raise ApiError("the request body must be a JSON object", code="invalid_json")
+    raw = load_request(body)
     for member in _STATEFUL:
         value = raw.get(member)
         if value is None or value is False:
@@ -87,10 +81,6 @@ def parse_responses_request(body: bytes) -> tuple[ResponsesRequest, dict[str, An
         param = ".".join(str(part) for part in first["loc"]) or None
         raise ApiError(f"{param}: {first['msg']}", param=param) from None
     return request, raw
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def chat_request(request: ResponsesRequest) -> dict[str, Any]:

@@ -156,8 +156,12 @@ def _narrow(schema: dict[str, Any], *, in_all_of: bool) -> dict[str, Any]:
     if (types == "integer" or (isinstance(types, list) and "integer" in types)) and not any(
         k in schema for k in ("enum", "const")
     ):
-        _bound(schema, "minimum", "exclusiveMinimum", -_EXACT_INT, max)
-        _bound(schema, "maximum", "exclusiveMaximum", _EXACT_INT, min)
+        low = _given(schema, "minimum", "exclusiveMinimum")
+        high = _given(schema, "maximum", "exclusiveMaximum")
+        if high is None or high >= -_EXACT_INT:  # never narrowed into nothing
+            _bound(schema, "minimum", "exclusiveMinimum", -_EXACT_INT, max)
+        if low is None or low <= _EXACT_INT:
+            _bound(schema, "maximum", "exclusiveMaximum", _EXACT_INT, min)
     pattern = schema.get("pattern")
     if isinstance(pattern, str) and _UNSUPPORTED_REGEX.search(pattern):
         del schema["pattern"]
@@ -176,6 +180,14 @@ def _bound(
         schema[key] = pick(value, limit)
     else:
         schema[key] = limit
+
+
+def _given(schema: Mapping[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        value = schema.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+    return None
 
 
 def _check_refs(node: Any, root: Any, path: str) -> None:

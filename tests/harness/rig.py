@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.demo import ChangingWeb
+from harness.session import read_bodies
 from harness.state import Home
 from harness.up import TINY_MODEL, RunningAppliance, _serve, running_appliance
+from record.schema import ModelRequest, ModelResponse
+from record.seal import KeyPair
 from tests.egress_proxy.tool_rig import REMOTE_TOKEN
 
 LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
@@ -108,3 +111,17 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
             clock=CLOCK,
         ) as up:
             yield HarnessRig(home, up, web, url, ledger, remote)
+
+
+def model_exchanges(
+    store: str | Path, session: str, key: KeyPair
+) -> list[tuple[ModelRequest, ModelResponse]]:
+    """Each recorded model reply of a session with the request it answers, in order."""
+    bodies = dict(read_bodies(store, session, key))
+    pairs = []
+    for body in bodies.values():
+        if isinstance(body, ModelResponse):
+            request = bodies[body.request_seq]
+            assert isinstance(request, ModelRequest)
+            pairs.append((request, body))
+    return pairs

@@ -26,9 +26,9 @@ from harness.reconstruct import reconstruct_turn
 from harness.reexecute import reexecute_turn
 from harness.session import LABEL_API, open_session, read_bodies, run_turn
 from record.digest import Domain, digest, prompt_bytes, tool_call_id
-from record.schema import ModelRequest, ModelResponse
+from record.schema import ModelRequest
 from record.seal import KeyPair
-from tests.harness.rig import CLOCK, PINS, HarnessRig, harness_rig, named
+from tests.harness.rig import CLOCK, PINS, HarnessRig, harness_rig, model_exchanges, named
 
 POLICY = TurnPolicy(3, (named("web_search"), "none"))
 LINE = f"Current date and time: {CLOCK} (UTC)"
@@ -54,17 +54,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
         yield Recorded(rig, state.session_id, KeyPair.read(rig.home.user_key_file), result)
 
 
-def _requests(recorded: Recorded) -> list[tuple[ModelRequest, ModelResponse]]:
-    bodies = dict(read_bodies(recorded.store, recorded.session, recorded.key))
-    pairs = []
-    for body in bodies.values():
-        if isinstance(body, ModelResponse):
-            request = bodies[body.request_seq]
-            assert isinstance(request, ModelRequest)
-            pairs.append((request, body))
-    return pairs
-
-
 def test_a_pinned_turn_speaks_the_messages_api_through_the_proxy(recorded: Recorded) -> None:
     result = recorded.result
     assert result.outcome == "ANSWERED", result.detail
@@ -72,7 +61,9 @@ def test_a_pinned_turn_speaks_the_messages_api_through_the_proxy(recorded: Recor
     call_id, name, arguments = call
     assert name == "web_search" and isinstance(json.loads(arguments), dict)
     assert recorded.rig.web.fetches == 1
-    (first, first_reply), (second, second_reply) = _requests(recorded)
+    (first, first_reply), (second, second_reply) = model_exchanges(
+        recorded.store, recorded.session, recorded.key
+    )
     for request, reply in ((first, first_reply), (second, second_reply)):
         assert request.provider.endpoint.endswith("/v1/messages")
         assert request.provider.name == "messages"

@@ -32,6 +32,7 @@ else:
     pytest.importorskip("llguidance", reason="the grammar engine comes with the `engine` extra")
 
 from inference.constrained import (
+    GrammarError,
     JsonGrammar,
     ToolCallGrammar,
     Vocabulary,
@@ -228,6 +229,13 @@ def test_grammar_schema_narrows_a_copy() -> None:
         "maximum": 99,
         "minimum": -(2**53 - 1),
     }
+
+
+def test_exact_integer_bounds_never_narrow_a_schema_into_nothing() -> None:
+    high = grammar_schema({"type": "integer", "minimum": 2**60})
+    assert high["minimum"] == 2**60 and "maximum" not in high
+    low = grammar_schema({"type": "integer", "exclusiveMaximum": -(2**60)})
+    assert "minimum" not in low and low["exclusiveMaximum"] == -(2**60)
 
 
 def test_check_schema_names_the_path() -> None:
@@ -464,3 +472,22 @@ def test_json_output_with_tools_is_a_value_or_a_call(
 def test_an_invalid_response_schema_is_named(vocab: Vocab) -> None:
     with pytest.raises(ValueError, match=r"response_format schema\.type: not valid JSON Schema"):
         JsonGrammar(vocab.vocabulary, {"type": "objekt"})
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"type": "object", "properties": {"x": {"enum": []}}, "required": ["x"]},
+        {"type": "object", "properties": {"x": False}, "required": ["x"]},
+        {
+            "type": "object",
+            "properties": {"x": {"type": "integer", "minimum": 5, "maximum": 1}},
+            "required": ["x"],
+        },
+    ],
+)
+def test_a_schema_nothing_satisfies_names_its_tool(vocab: Vocab, parameters: Any) -> None:
+    """Valid JSON Schema, but no value can satisfy it: the model could never call the tool."""
+    tools = [_tool("ping"), _tool("never", parameters)]
+    with pytest.raises(GrammarError, match=r"^tool 'never' parameters: Unsatisfiable"):
+        ToolCallGrammar(vocab.vocabulary, tools, "required")

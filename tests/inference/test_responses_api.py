@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import pytest
 
@@ -24,6 +24,7 @@ for _module in ("torch", "fastapi", "uvicorn", "httpx", "openai"):
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
+from pydantic import BaseModel, Field  # noqa: E402
 
 from egress_proxy.sse import iter_events  # noqa: E402
 from inference.responses_api import chat_request, parse_responses_request  # noqa: E402
@@ -276,3 +277,24 @@ def test_a_responses_request_becomes_the_chat_request_it_means() -> None:
         9, 3, 4, True
     )  # fmt: skip
     assert "parallel_tool_calls" not in chat
+
+
+class Reading(BaseModel):
+    """A structured answer: ``text.format`` constrains the reply through the same grammar."""
+
+    label: Annotated[str, Field(max_length=10)]
+    level: Literal["low", "high"]
+    value: Annotated[int, Field(ge=0, le=9)]
+
+
+def test_the_parse_helper_gets_a_pydantic_object_from_text_format(client: openai.OpenAI) -> None:
+    reply = client.responses.parse(
+        model="tiny",
+        input="Read the gauge.",
+        text_format=Reading,
+        max_output_tokens=60,
+        extra_body=PINNED,
+    )
+    assert reply.status == "completed"
+    assert isinstance(reply.output_parsed, Reading)  # the SDK validated it with the model
+    assert Reading.model_validate_json(reply.output_text) == reply.output_parsed

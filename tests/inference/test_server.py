@@ -37,6 +37,7 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 
 from inference.block import prompt_tokens_digest  # noqa: E402
+from inference.protocol import MAX_NESTING, nesting_depth  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from inference.tool_calls import derived_tool_call_ids  # noqa: E402
 from record.digest import Domain, digest_hex, prompt_digest  # noqa: E402
@@ -516,3 +517,28 @@ def test_the_cli_serves_as_a_subprocess(tiny_model_dir: Path) -> None:
     finally:
         process.terminate()
         process.wait(TIMEOUT_S)
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+@pytest.mark.parametrize("depth", [129, 5000])
+def test_a_request_nested_too_deep_is_a_400_on_every_route(
+    http: httpx.Client, route: str, depth: int
+) -> None:
+    """Past MAX_NESTING (and past what the JSON parser itself recurses into) the engine says
+    what is wrong instead of failing inside the template, the schema check or the grammar."""
+    assert MAX_NESTING == 128
+    if depth < 500:
+        schema: Any = {"type": "integer"}
+        while nesting_depth(schema) < depth - 4:  # the request's own members add four levels
+            schema = {"type": "array", "items": schema}
+        tool = {"type": "function", "function": {"name": "t", "parameters": schema}}
+        raw = json.dumps(_request("hi", max_tokens=2, tools=[tool])).encode()
+        assert nesting_depth(json.loads(raw)) == depth
+    else:  # deeper than Python's own JSON parser recurses
+        raw = json.dumps(_request("hi", max_tokens=2))[:-1].encode()
+        raw += b', "x": ' + b"[" * depth + b"]" * depth + b"}"
+    reply = http.post(route, content=raw)
+    assert reply.status_code == 400, reply.text
+    assert f"more than {MAX_NESTING} deep" in reply.text
+    ok = http.post("/v1/chat/completions", content=json.dumps(_request("hi", max_tokens=2)))
+    assert ok.status_code == 200  # the engine is fine afterwards
