@@ -21,7 +21,7 @@ APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio qemu-syste
 # CPU build of torch pinned by constraints.txt (anything newer pulls a multi-GB CUDA build).
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[engine,dev]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[engine,dev,frameworks]'
 	touch $@
 
 demo: $(BIN)/.installed model

@@ -88,6 +88,24 @@ class ProxyConfig(_Model):
     mcp_servers: McpServers = Field(default_factory=dict)  # tool servers: see tool_config
     fetch: FetchConfig = FetchConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _mcp_servers_as_clients_write_them(cls, data: Any) -> Any:
+        """``mcpServers`` (Claude Desktop's, Cursor's format: ``egress_proxy.mcp_config``)
+        is taken in place of ``mcp_servers``."""
+        if not isinstance(data, dict) or "mcpServers" not in data:
+            return data
+        from egress_proxy.mcp_config import to_proxy_servers
+
+        if "mcp_servers" in data:
+            raise ValueError("mcpServers and mcp_servers: give one of them")
+        rest = {k: v for k, v in data.items() if k != "mcpServers"}
+        try:
+            servers = to_proxy_servers({"mcpServers": data["mcpServers"]}, "config")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return {**rest, "mcp_servers": servers}
+
     @field_validator("providers")
     @classmethod
     def _names(cls, value: dict[str, ProviderConfig]) -> dict[str, ProviderConfig]:

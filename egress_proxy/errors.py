@@ -13,7 +13,11 @@
     │   ├── MalformedBody       400 malformed_json: not one I-JSON object; recorded as FAILED
     │   │   └── MalformedFetch  400 malformed_fetch: JSON, but not a fetch request the proxy sends
     │   └── ReplyNotCommitted   409 reply_not_committed: a tool call naming no committed model
-    │                           reply of its session; recorded as a FAILED tool call
+    │       │                   reply of its session; recorded as a FAILED tool call
+    │       ├── ToolNotAsked    409 tool_not_asked: the reply asked for no call of this name
+    │       │                   and canonical arguments (``egress_proxy.admission``)
+    │       └── ToolCallServed  409 tool_call_served: that call of the reply was served already
+    │                           (or its outcome is unknown and it may not be sent again)
     ├── ReplayMiss              409 replay_miss: a replayed call the record does not hold; carries
     │                           the nearest recorded call and a diff; never goes live (exit 1)
     ├── RecordUnavailable       503 record_unavailable: the request could not be made durable, so
@@ -99,6 +103,14 @@ class MalformedFetch(MalformedBody):
 class ReplyNotCommitted(Refused):
     code = "reply_not_committed"
     status = 409
+
+
+class ToolNotAsked(ReplyNotCommitted):
+    code = "tool_not_asked"
+
+
+class ToolCallServed(ReplyNotCommitted):
+    code = "tool_call_served"
 
 
 class ReplayMiss(ProxyError):

@@ -9,13 +9,21 @@ namespace of its own: ``unshare --net``, so the tool reaches nothing, loopback i
 ``streamable_http_client`` (a remote server, through ``transports.network``'s client).
 
 The route runs the proxy's checks before the SDK sees a byte: token (401), server name (404),
-body size (413), and for ``tools/call`` the order rule (``egress_proxy.tools``): a call whose
-``_meta`` names no committed reply of its session is answered 409 with a JSON-RPC error whose
-``data.code`` is ``reply_not_committed``, and recorded as refused. An admitted call is recorded
+body size (413), and for ``tools/call`` the admission rule (``egress_proxy.admission``): a
+call that is no unserved call of its session's committed reply (named in ``_meta``, or matched
+by name and canonical arguments) is answered 409 with a JSON-RPC error whose ``data.code``
+says why, and recorded as refused. An admitted call is recorded
 (``tool.call``, durable) before the upstream is asked, and its ``tool.result`` after: the
 JSON-RPC ``result`` object as received (RFC 8785), ``COMMITTED``; an error reply, ``FAILED``;
 no reply, ``UNKNOWN``. The call runs in a task of its own, so a client that leaves does not
-stop the recording. Upstream servers are shared by all sessions and started on first use.
+stop the recording.
+
+Each session gets its own process of a stdio server, started on its first use and stopped
+once unused for the server's ``idle_timeout_s`` (a reaper task looks every few seconds), so
+one session's tool state never reaches another's; a server marked ``shared`` (and every remote
+server) is one upstream for all sessions. A server that cannot be started or cannot list its
+tools answers a JSON-RPC error naming it (``data.code`` ``upstream_unavailable``), and its
+session's stream gets a ``tool.unavailable`` entry; the other servers are untouched.
 
 Importing this module loads the SDK (and its HTTP client): ``app`` imports it only when
 ``mcp_servers`` is configured.
@@ -28,7 +36,8 @@ import contextlib
 import json
 import logging
 import subprocess
-import sys
+import tempfile
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +49,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import is_version_at_least
 from pydantic import BaseModel, ConfigDict
 from starlette.types import Message, Receive, Scope, Send
 
@@ -54,10 +64,19 @@ from egress_proxy.errors import (
 )
 from egress_proxy.providers import CREDENTIAL_HEADERS
 from egress_proxy.sessions import Session, SessionRegistry, token_from_headers
-from egress_proxy.tool_config import RemoteServer, StdioServer, bearer_tokens
-from egress_proxy.tools import Outcome, ToolAsk, ToolCalls, named_reply
+from egress_proxy.tool_config import RemoteServer, StdioServer, bearer_tokens, resolved
+from egress_proxy.tools import (
+    META_CALL_ID,
+    META_REPLY_SEQ,
+    Outcome,
+    ToolAsk,
+    ToolCalls,
+    append,
+    named_reply,
+)
 from record.digest import canonical_json
 from record.log import Log
+from record.schema import ToolUnavailable
 
 
 class _Raw(BaseModel):
@@ -84,6 +103,26 @@ class _Link:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._errlog: Any = None  # a spawned process's stderr, read back when it fails
+        self.busy = 0  # requests using it now: the reaper leaves it alone
+        self.last_used = time.monotonic()
+
+    @property
+    def live(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    @contextlib.asynccontextmanager
+    async def using(self) -> AsyncIterator[None]:
+        """Mark the link in use for the block (it is not idle, whatever the clock says)."""
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            self.last_used = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        return 0.0 if self.busy else now - self.last_used
 
     async def session(self) -> ClientSession:
         """The live session, (re)started if there is none: a dead process is respawned."""
@@ -94,11 +133,26 @@ class _Link:
                 self._task = asyncio.create_task(self._hold(ready))
                 try:  # a server that never answers initialize must not hold the lock for ever
                     self._session = await asyncio.wait_for(ready, self.config.timeout_s)
-                except BaseException:
+                except BaseException as exc:
                     self._task.cancel()
+                    said = self._said()
+                    if said and isinstance(exc, Exception):
+                        raise ServerFailed(f"{type(exc).__name__}: {exc}; it said: {said}") from exc
                     raise
             assert self._session is not None
             return self._session
+
+    def _said(self) -> str:
+        """The last lines a spawned process wrote to stderr (empty if none or not spawned)."""
+        if self._errlog is None:
+            return ""
+        try:
+            self._errlog.flush()
+            self._errlog.seek(0)
+            text: str = self._errlog.read()[-2000:]
+        except (OSError, ValueError):
+            return ""
+        return " | ".join(line.strip() for line in text.strip().splitlines()[-5:])
 
     async def _hold(self, ready: asyncio.Future[ClientSession]) -> None:
         try:
@@ -123,10 +177,16 @@ class _Link:
             params = StdioServerParameters(
                 command=command, args=args, env=config.env, cwd=config.cwd
             )
-            return stdio_client(params, errlog=sys.stderr)
+            if self._errlog is not None:
+                self._errlog.close()
+            # kept open while the link lives: read back when the process fails
+            self._errlog = tempfile.TemporaryFile("w+", errors="replace")  # noqa: SIM115
+            return stdio_client(params, errlog=self._errlog)
         from egress_proxy.transports.network import mcp_http_client
 
-        headers = {"authorization": f"Bearer {self._token}"} if self._token else {}
+        headers = dict(config.headers)
+        if self._token:
+            headers["authorization"] = f"Bearer {self._token}"
         client = mcp_http_client(headers, config.timeout_s, config.connect_timeout_s)
         return _owning(client, streamable_http_client(config.url, http_client=client))
 
@@ -135,6 +195,11 @@ class _Link:
         self._stop.set()
         if self._task is not None:
             await asyncio.wait({self._task}, timeout=10)
+
+    def close_errlog(self) -> None:
+        if self._errlog is not None:
+            self._errlog.close()
+            self._errlog = None
 
     async def lost(self, exc: MCPError, used: ClientSession) -> None:
         """After the SDK says the connection closed, drop it so the next call reconnects."""
@@ -148,10 +213,15 @@ async def _owning(client: Any, streams: Any) -> AsyncIterator[Any]:
         yield pair
 
 
+class ServerFailed(Exception):
+    """A spawned server ended before it answered ``initialize``; what it said on stderr."""
+
+
 @dataclass(frozen=True)
 class _Target:
     session: Session
     link: _Link
+    protocol: str | None = None  # the client's ``mcp-protocol-version`` header
 
 
 def check_netns() -> None:
@@ -179,8 +249,10 @@ class McpGateway:
     ) -> None:
         if any(isinstance(s, StdioServer) and s.network == "none" for s in servers.values()):
             check_netns()
-        tokens = bearer_tokens(servers, env)
-        self.links = {name: _Link(name, s, tokens[name]) for name, s in servers.items()}
+        self.tokens = bearer_tokens(servers, env)
+        self.configs = {name: resolved(name, s, env) for name, s in servers.items()}
+        #: The upstreams started so far, by (session id, server); "" for one all sessions use.
+        self.links: dict[tuple[str, str], _Link] = {}
         self.registry, self.max_body_bytes = registry, max_body_bytes
         self.calls = ToolCalls(log)
         self.server: Server[Any] = Server("affidavit-proxy")
@@ -195,13 +267,58 @@ class McpGateway:
     async def running(self) -> AsyncIterator[None]:
         """Serve the SDK's manager; on the way out let calls finish, then stop the upstreams."""
         async with self.manager.run():
+            reaper = asyncio.create_task(self._reap())
             try:
                 yield
             finally:
+                reaper.cancel()
                 if self._tasks:
                     await asyncio.wait(set(self._tasks), timeout=30)
-                for link in self.links.values():
-                    await link.aclose()
+                links, self.links = list(self.links.values()), {}
+                await asyncio.gather(*(link.aclose() for link in links))
+                for link in links:
+                    link.close_errlog()
+
+    def link(self, session_id: str, server: str) -> _Link | None:
+        """The upstream ``server`` is for this session (made, not started, on first ask)."""
+        config = self.configs.get(server)
+        if config is None:
+            return None
+        own = isinstance(config, StdioServer) and not config.shared
+        key = (session_id if own else "", server)
+        link = self.links.get(key)
+        if link is None:
+            link = self.links[key] = _Link(server, config, self.tokens[server])
+        return link
+
+    async def _reap(self) -> None:
+        """Stop every stdio process unused for its server's ``idle_timeout_s``."""
+        timeouts = [c.idle_timeout_s for c in self.configs.values() if isinstance(c, StdioServer)]
+        if not timeouts:
+            return
+        tick = min(5.0, max(0.05, min(timeouts) / 4))
+        while True:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            for key, link in list(self.links.items()):
+                config = link.config
+                if (
+                    not isinstance(config, StdioServer)
+                    or link.idle_for(now) < config.idle_timeout_s
+                ):
+                    continue
+                if key[0]:  # a session's own: forgotten, a later use starts a new one
+                    self.links.pop(key, None)
+                if link.live:
+                    logger.info(
+                        "MCP server %r: stopped after %.0f s idle", link.name, config.idle_timeout_s
+                    )
+                    try:
+                        await link.aclose()
+                    except Exception as exc:  # the reaper itself must live on
+                        logger.warning("MCP server %r: stopping it failed: %r", link.name, exc)
+                if key[0]:
+                    link.close_errlog()
 
     # -- the route -----------------------------------------------------------------------------
 
@@ -210,10 +327,10 @@ class McpGateway:
         try:
             params = scope["path_params"]
             session = self.registry.authenticate(params["session_id"], token_from_headers(headers))
-            link = self.links.get(params["server"])
+            link = self.link(session.id, params["server"])
             if link is None:
                 raise NotFound(f"no MCP server named {params['server']!r} is configured")
-            target = _Target(session, link)
+            target = _Target(session, link, headers.get("mcp-protocol-version"))
             raw = await _read(receive, self.max_body_bytes) if scope["method"] == "POST" else b""
             refusal = await self._pre_check(target, raw)
         except ProxyError as exc:
@@ -230,7 +347,10 @@ class McpGateway:
         """The order rule, before the SDK sees the request: the answer, or None to go on.
 
         In a session armed with a replay plan, ``tools/call`` is answered here from the plan
-        and ``tools/list`` is a replay miss: neither reaches the SDK or the upstream.
+        and never reaches the SDK or the upstream. ``tools/list`` still goes to the upstream:
+        a list has no side effect, agent frameworks list before they call, and the record
+        holds none (the tools a model was shown are in its recorded request, so a list that
+        changed since shows up as that call's "request differs").
         """
         try:
             message = json.loads(raw) if raw else None
@@ -239,9 +359,6 @@ class McpGateway:
         if isinstance(message, list):
             raise MalformedBody("JSON-RPC batches are not served")
         armed = target.session.replay is not None
-        if armed and isinstance(message, dict) and message.get("method") == "tools/list":
-            miss = ReplayMiss("tools/list is not served under replay: the record holds no list")
-            return miss.status, _refusal_body(message.get("id"), miss)
         if not isinstance(message, dict) or message.get("method") != "tools/call":
             return None
         params = message.get("params")
@@ -255,11 +372,11 @@ class McpGateway:
         except ReplyNotCommitted as exc:
             body = _refusal_body(message.get("id"), exc)  # names no reply: nothing to record
             return exc.status, body
-        try:
+        try:  # the admission rule (egress_proxy.admission), checked without claiming
             await self.calls.check(target.session, ask)
         except ReplyNotCommitted as exc:
             body = _refusal_body(message.get("id"), exc)
-            await self.calls.refuse(target.session, ask, body)
+            await self.calls.refuse(target.session, ask, body, exc)
             return exc.status, body
         if armed:
             return await self._replayed(target, ask, message.get("id"))
@@ -292,6 +409,8 @@ class McpGateway:
         rid = _request_id(request_id)
         if recorded.outcome == "COMMITTED" and recorded.result_bytes is not None:
             result = json.loads(recorded.result_bytes)
+            if target.protocol is not None and is_version_at_least(target.protocol, _MODERN):
+                result = _downstream(result, cacheable=False)  # the SDK's check is bypassed here
             return 200, canonical_json({"jsonrpc": "2.0", "id": rid, "result": result})
         error = json.loads(recorded.error_bytes) if recorded.error_bytes else None
         if not isinstance(error, dict):
@@ -302,8 +421,8 @@ class McpGateway:
         self, target: _Target, tool: str, arguments: dict[str, Any] | None, meta: object
     ) -> ToolAsk:
         named = named_reply(meta)
-        if named is None:
-            raise ReplyNotCommitted(
+        if named is None and isinstance(meta, Mapping) and _NAMING & meta.keys():
+            raise ReplyNotCommitted(  # a half or malformed name: never guessed at
                 "the call names no model reply: _meta needs affidavit/reply_seq and affidavit/call_id"
             )
         try:
@@ -317,19 +436,37 @@ class McpGateway:
     # -- the SDK's handlers --------------------------------------------------------------------
 
     async def _list(self, ctx: Any, params: types.PaginatedRequestParams) -> dict[str, Any]:
-        link = _target(ctx).link
+        target = _target(ctx)
+        link = self._current(target)
         request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=params.cursor))
+        upstream: ClientSession | None = None
+        async with link.using():
+            try:
+                upstream = await link.session()
+                answer = await upstream.send_request(request, _Raw, link.config.timeout_s)
+                return _downstream(answer.members(), cacheable=True)
+            except Exception as exc:
+                if isinstance(exc, MCPError) and upstream is not None:
+                    await link.lost(exc, upstream)
+                error = _unavailable(link, exc)
+                await self._note(target, error)
+                raise error from None
+
+    def _current(self, target: _Target) -> _Link:
+        """The link to use now: the route's may have been reaped while the request waited.
+        The caller enters ``using()`` before it awaits anything, so the reaper cannot take
+        it in between."""
+        link = self.link(target.session.id, target.link.name)
+        assert link is not None, "a configured server"
+        return link
+
+    async def _note(self, target: _Target, error: MCPError) -> None:
+        """Record that a server's tools are left out of this session, and why."""
+        note = ToolUnavailable(server=target.link.name, error=error.error.message)
         try:
-            upstream = await link.session()
-        except Exception as exc:
-            raise _unavailable(link, exc) from None
-        try:
-            return (await upstream.send_request(request, _Raw, link.config.timeout_s)).members()
-        except MCPError as exc:
-            await link.lost(exc, upstream)
-            raise
-        except Exception as exc:
-            raise _unavailable(link, exc) from None
+            await append(self.calls.log, target.session, note)
+        except ProxyError as exc:
+            logger.warning("MCP server %r: the note was not recorded: %s", target.link.name, exc)
 
     async def _call(self, ctx: Any, params: types.CallToolRequestParams) -> dict[str, Any]:
         target = _target(ctx)
@@ -344,7 +481,7 @@ class McpGateway:
         except ReplyNotCommitted as exc:
             refused = _refused(exc)
             error = refused.error.model_dump(mode="json", by_alias=True, exclude_none=True)
-            await self.calls.refuse(target.session, ask, canonical_json(error))
+            await self.calls.refuse(target.session, ask, canonical_json(error), exc)
             raise refused from None
         except ProxyError as exc:
             raise _refused(exc) from None
@@ -359,6 +496,15 @@ class McpGateway:
             task.exception()  # retrieved: its awaiter may be gone
 
     async def _run(
+        self, target: _Target, params: types.CallToolRequestParams, call_seq: int
+    ) -> dict[str, Any]:
+        link = self._current(target)
+        async with link.using():
+            return await self._run_upstream(
+                _Target(target.session, link, target.protocol), params, call_seq
+            )
+
+    async def _run_upstream(
         self, target: _Target, params: types.CallToolRequestParams, call_seq: int
     ) -> dict[str, Any]:
         link, session = target.link, target.session
@@ -383,10 +529,30 @@ class McpGateway:
             raise _unavailable(link, exc) from None
         result = answer.members()
         await self.calls.result(session, call_seq, "COMMITTED", result_bytes=canonical_json(result))
-        return result
+        return _downstream(result, cacheable=False)
+
+
+#: The first protocol version whose results need ``resultType`` (and ``ttlMs``/``cacheScope``).
+_MODERN = "2026-07-28"
+
+
+def _downstream(result: dict[str, Any], *, cacheable: bool) -> dict[str, Any]:
+    """An upstream's result as a client of any protocol version can take it.
+
+    The upstream answered under the version the proxy negotiated with it; the client may
+    have negotiated a newer one (2026-07-28 requires ``resultType``, and ``ttlMs`` and
+    ``cacheScope`` on cacheable results such as ``tools/list``). Members the upstream sent
+    are kept as they are; missing ones get the protocol's defaults (complete, not cached,
+    private). The record keeps the upstream's result as received.
+    """
+    defaults: dict[str, Any] = {"resultType": "complete"}
+    if cacheable:
+        defaults |= {"ttlMs": 0, "cacheScope": "private"}
+    return {**defaults, **result}
 
 
 _DROPPED = frozenset(name.encode("latin-1") for name in CREDENTIAL_HEADERS)
+_NAMING = frozenset({META_REPLY_SEQ, META_CALL_ID})  # the _meta members that name a reply
 
 
 def _target(ctx: Any) -> _Target:
@@ -402,7 +568,15 @@ def _refused(exc: ProxyError) -> MCPError:
 
 
 def _unavailable(link: _Link, exc: BaseException) -> MCPError:
-    message = f"upstream_unavailable: MCP server {link.name!r}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, MCPError):
+        what = exc.error.message
+    elif isinstance(exc, ServerFailed):
+        what = str(exc)
+    elif isinstance(exc, TimeoutError):
+        what = f"no answer within {link.config.timeout_s:g} s"
+    else:
+        what = f"{type(exc).__name__}: {exc}"
+    message = f"upstream_unavailable: MCP server {link.name!r}: {what}"
     return MCPError(types.INTERNAL_ERROR, message, {"code": "upstream_unavailable"})
 
 

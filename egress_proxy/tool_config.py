@@ -3,11 +3,15 @@
 They live in the proxy's one config file (``egress_proxy.config`` holds them as the fields
 ``mcp_servers`` and ``fetch``) and follow its rules: unknown keys are refused and a bad value
 fails at start naming its key. Secrets are never in the file: a remote server's bearer token
-is read from the environment variable ``bearer_token_env`` names, once, at start.
+is read from the environment variable ``bearer_token_env`` names, and a ``${VAR}`` in a stdio
+server's ``args`` or ``env`` values or a remote server's ``headers`` values is filled in from
+the environment (:func:`resolved`), once, at start.
 
 A stdio server is spawned by the proxy itself. By default (``network = "none"``) it runs in a
 network namespace of its own (``unshare --net``), so the tool reaches nothing, loopback
-included; ``network = "host"`` is the explicit, documented opt-out.
+included; ``network = "host"`` is the explicit, documented opt-out. Each session gets a
+process of its own, started on first use and stopped after ``idle_timeout_s`` unused, unless
+the server is ``shared``.
 
 This module never spawns, dials or reads the record.
 """
@@ -47,6 +51,10 @@ class StdioServer(_Server):
     env: dict[str, str] = Field(default_factory=dict)  # added to a minimal PATH/HOME environment
     cwd: str | None = None
     network: Literal["none", "host"] = "none"  # none: its own empty network namespace
+    #: False: each session gets its own process, started on its first use; True: one process
+    #: for every session (its state is then seen by all of them).
+    shared: bool = False
+    idle_timeout_s: float = Field(600.0, gt=0)  # a process unused this long is stopped
 
     @field_validator("env")
     @classmethod
@@ -63,6 +71,7 @@ class RemoteServer(_Server):
     transport: Literal["streamable_http"]
     url: str
     bearer_token_env: str | None = None  # the variable holding the upstream's token
+    headers: dict[str, str] = Field(default_factory=dict)  # values may name ${VARIABLES}
     connect_timeout_s: float = Field(10.0, gt=0)
 
     @field_validator("url")
@@ -70,6 +79,14 @@ class RemoteServer(_Server):
     def _http_url(cls, value: str) -> str:
         if not re.fullmatch(r"https?://[^/?#\s]+(/[^#\s]*)?", value):
             raise ValueError(f"not an http(s) URL without fragment: {value!r}")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _header_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", name):
+                raise ValueError(f"not a header name: {name!r}")
         return value
 
     @field_validator("bearer_token_env")
@@ -104,6 +121,41 @@ class FetchConfig(_Model):
     timeout_s: float = Field(60.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     user_agent: str = Field("affidavit-proxy", min_length=1, pattern=r"[\x21-\x7e][\x20-\x7e]*")
+
+
+_VARIABLE_RE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand(text: str, env: Mapping[str, str], where: str) -> str:
+    """``text`` with each ``${VAR}`` (or VS Code's ``${env:VAR}``) replaced by the variable's
+    value in ``env``; an unset one fails naming ``where`` and the variable (never a value)."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in env:
+            raise ConfigMissing(f"{where}: environment variable {name} is not set")
+        return env[name]
+
+    return _VARIABLE_RE.sub(value, text)
+
+
+def variables(text: str) -> list[str]:
+    """The variables ``text`` names with ``${VAR}`` or ``${env:VAR}``."""
+    return _VARIABLE_RE.findall(text)
+
+
+def resolved(
+    name: str, server: StdioServer | RemoteServer, env: Mapping[str, str]
+) -> StdioServer | RemoteServer:
+    """The server with every ``${VAR}`` in its args, env values and header values filled in
+    from ``env`` (read once, at start); the config itself keeps only the names."""
+    where = f"mcp_servers.{name}"
+    if isinstance(server, StdioServer):
+        args = tuple(expand(a, env, f"{where}.args") for a in server.args)
+        values = {k: expand(v, env, f"{where}.env.{k}") for k, v in server.env.items()}
+        return server.model_copy(update={"args": args, "env": values})
+    headers = {k: expand(v, env, f"{where}.headers.{k}") for k, v in server.headers.items()}
+    return server.model_copy(update={"headers": headers})
 
 
 def bearer_tokens(

@@ -1,11 +1,14 @@
 """Tool calls in the record, and the order rule every tool route shares.
 
-**No tool runs before the model reply that asked for it is committed.** A tool call names
-that reply: ``reply_seq`` (the ``seq`` of a ``model.response`` of the same session) and
-``call_id`` (the id of one tool call in that reply). The proxy admits the call only if
-that entry is a ``COMMITTED`` ``model.response`` whose reply bytes hold a tool call with
-that id; otherwise it records the refusal (``tool.call``, then ``tool.result`` with outcome
-``FAILED`` and the refusal body as ``error_bytes``) and answers 409 ``reply_not_committed``.
+**No tool runs before the model reply that asked for it is committed.** A tool call answers
+one call of that reply: ``reply_seq`` (the ``seq`` of a ``model.response`` of the same
+session) and ``call_id`` (the id of one tool call in that reply). A client may name them in
+``_meta`` (the harness does); a call without them is matched by tool name and canonical
+arguments against the session's latest committed reply. Either way the call must have the
+name and arguments the reply asked for and must not have been served (the rule, and its
+refusals, are ``egress_proxy.admission``'s). A refused call is recorded (``tool.call``, then
+``tool.result`` with outcome ``FAILED`` and the refusal body as ``error_bytes``) and answered
+409 (``reply_not_committed``, ``tool_not_asked`` or ``tool_call_served``).
 
 Which ids a reply asked for is read from the record itself, with the appliance key the
 proxy holds (every session's stream is sealed to it), and kept per ``(stream, seq)``: an
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from egress_proxy.errors import RecordUnavailable, ReplyNotCommitted
+from egress_proxy.admission import Admitted, AskedCall, Ledger, asked_calls, pick
+from egress_proxy.errors import RecordUnavailable, ToolCallServed, ToolNotAsked
 from egress_proxy.sessions import Session
 from egress_proxy.sse import iter_events
 from egress_proxy.tool_ids import RECORD_KEY
@@ -69,7 +74,7 @@ class ToolAsk:
     server: str
     tool: str
     arguments: bytes  # canonical JSON (RFC 8785) of the arguments object
-    named: NamedReply
+    named: NamedReply | None  # None: no ``_meta``; matched against the latest committed reply
     idempotent: bool
 
 
@@ -105,39 +110,36 @@ def _collect(value: Any, ids: list[str], *, listed: bool) -> None:
 
 
 class ReplyIndex:
-    """The tool-call ids of each committed model reply, read from the record once each."""
+    """What each committed model reply asked for, read from the record once each: the ids
+    that name its tool calls, and each call's name and canonical arguments."""
 
     def __init__(self, log: Log) -> None:
         if log.appliance_key is None:
             raise RecordUnavailable("tool calls need the log opened with the appliance key")
         self.log = log
-        self._known: dict[tuple[str, int], frozenset[str] | None] = {}
+        self._known: dict[tuple[str, int], _Reply | None] = {}
         self._keys: dict[str, StreamKeys] = {}
+        self._lock = threading.Lock()
 
     async def call_ids(self, stream: str, seq: int) -> frozenset[str] | None:
         """The ids reply ``seq`` asked for; None if it is not a committed ``model.response``."""
-        if (stream, seq) in self._known:
-            return self._known[(stream, seq)]
-        ids, final = await asyncio.to_thread(self._read, stream, seq)
-        if final:  # an entry that exists never changes; one not yet written may come
-            self._known[(stream, seq)] = ids
-        return ids
+        reply = await asyncio.to_thread(self.reply, stream, seq)
+        return reply.ids if reply is not None else None
 
-    def _read(self, stream: str, seq: int) -> tuple[frozenset[str] | None, bool]:
-        body = self._open(stream, seq)
-        if body is None:
-            return None, False
-        if not isinstance(body, ModelResponse) or body.outcome != "COMMITTED":
-            return None, True
-        ids = set(tool_call_ids(body.response_bytes or b""))
-        mapping = (body.reproducibility or {}).get(RECORD_KEY)
-        for pair in mapping if isinstance(mapping, list) else []:
-            derived = pair.get("derived") if isinstance(pair, dict) else None
-            if isinstance(derived, str):
-                ids.add(derived)  # what a pinned session's client was handed
-        return frozenset(ids), True
+    def reply(self, stream: str, seq: int) -> _Reply | None:
+        """Reply ``seq``'s ids and calls; None if it is not a committed ``model.response``."""
+        with self._lock:
+            if (stream, seq) in self._known:
+                return self._known[(stream, seq)]
+            body = self.open(stream, seq)
+            if body is None:
+                return None  # not written yet (or not readable): asked again later
+            reply = _reply(body)
+            self._known[(stream, seq)] = reply  # an entry that exists never changes
+            return reply
 
-    def _open(self, stream: str, seq: int) -> Strict | None:
+    def open(self, stream: str, seq: int) -> Strict | None:
+        """The body of entry ``seq``, or None when it is not written or not sealed."""
         stored = list(self.log.store.entries(stream, seq, seq + 1))
         if not stored:
             return None
@@ -156,34 +158,88 @@ class ReplyIndex:
         return keys.open(entry)
 
 
+@dataclass(frozen=True)
+class _Reply:
+    ids: frozenset[str]
+    calls: tuple[AskedCall, ...]
+
+
+def _reply(body: Strict) -> _Reply | None:
+    if not isinstance(body, ModelResponse) or body.outcome != "COMMITTED":
+        return None
+    ids = set(tool_call_ids(body.response_bytes or b""))
+    mapping: dict[str, str] = {}
+    pairs = (body.reproducibility or {}).get(RECORD_KEY)
+    for pair in pairs if isinstance(pairs, list) else []:
+        if not isinstance(pair, dict):
+            continue
+        upstream, derived = pair.get("upstream"), pair.get("derived")
+        if isinstance(derived, str):
+            ids.add(derived)  # what a pinned session's client was handed
+            if isinstance(upstream, str):
+                mapping[upstream] = derived
+    return _Reply(frozenset(ids), asked_calls(body, mapping))
+
+
+#: The kinds a session's ledger folds in (``egress_proxy.admission.Ledger``).
+_FOLDED = frozenset({"model.response", "tool.call", "tool.result", "turn.decided"})
+
+
 class ToolCalls:
-    """Admit, refuse and record tool calls: ``tool.call`` before the call, ``tool.result`` after."""
+    """Admit, refuse and record tool calls: ``tool.call`` before the call, ``tool.result`` after.
+
+    The rule is ``egress_proxy.admission``'s; this class reads the record for it, keeps one
+    ``Ledger`` per session, and writes the entries.
+    """
 
     def __init__(self, log: Log, index: ReplyIndex | None = None) -> None:
         self.log = log
         self.index = index if index is not None else ReplyIndex(log)
+        self._ledgers: dict[str, Ledger] = {}
+        self._lock = threading.Lock()
 
     async def check(self, session: Session, ask: ToolAsk) -> None:
-        """``ReplyNotCommitted`` unless the named reply is committed and asked for this call."""
-        named = ask.named
-        ids = await self.index.call_ids(session.id, named.reply_seq)
-        if ids is None:
-            raise ReplyNotCommitted(
-                f"seq {named.reply_seq} of this session is not a committed model reply"
-            )
-        if named.call_id not in ids:
-            raise ReplyNotCommitted(
-                f"the reply at seq {named.reply_seq} asked for no tool call {named.call_id!r}"
-            )
+        """Raise the refusal ``admit`` would (``ReplyNotCommitted`` or a subclass), claiming
+        nothing: lets a route answer 409 before it hands the call on."""
+        await asyncio.to_thread(self._decide, session.id, ask, False)
 
     async def admit(self, session: Session, ask: ToolAsk) -> int:
-        """Check the order, then append ``tool.call`` and wait until it is durable: its seq."""
-        await self.check(session, ask)
-        return (await self._append(session, self._call(ask))).seq
+        """Check the rule and claim the call, then append ``tool.call`` and wait until it is
+        durable: its seq. The entry names the reply and call the ask was admitted as."""
+        admitted = await asyncio.to_thread(self._decide, session.id, ask, True)
+        assert admitted is not None
+        try:
+            appended = await self._append(session, self._call(ask, admitted))
+        except BaseException:
+            await asyncio.to_thread(self._release, session.id, ask, admitted)
+            raise
+        return appended.seq
 
-    async def refuse(self, session: Session, ask: ToolAsk, error_body: bytes) -> Appended:
-        """Record a refused call: its ``tool.call`` and a ``FAILED`` result with the body sent."""
-        call = await self._append(session, self._call(ask))
+    async def refuse(
+        self,
+        session: Session,
+        ask: ToolAsk,
+        error_body: bytes,
+        refusal: Exception | None = None,
+    ) -> Appended | None:
+        """Record a refused call: its ``tool.call`` and a ``FAILED`` result with the body sent.
+
+        The ``tool.call`` names the call the ask named, unless that is a call the reply did
+        ask for (``ToolNotAsked``, ``ToolCallServed``): then ``call_id`` is empty, so the
+        refusal answers none of the reply's calls (resume matches calls by id). An ask without
+        ``_meta`` names the session's latest committed reply; with none, nothing is recorded.
+        """
+        named: NamedReply | Admitted
+        if ask.named is not None:
+            named = ask.named
+            if isinstance(refusal, ToolNotAsked | ToolCallServed):
+                named = Admitted(named.reply_seq, "")
+        else:
+            ledger = await asyncio.to_thread(self._refreshed, session.id)
+            if ledger.latest_reply is None:
+                return None
+            named = Admitted(ledger.latest_reply, "")
+        call = await self._append(session, self._call(ask, named))
         return await self.result(session, call.seq, "FAILED", error_bytes=error_body)
 
     async def result(
@@ -207,11 +263,64 @@ class ToolCalls:
         )
         return await self._append(session, body)
 
+    # -- the ledger (run in a worker thread: it reads the record) -------------------------------
+
+    def _refreshed(self, stream: str) -> Ledger:
+        with self._lock:
+            ledger = self._ledgers.setdefault(stream, Ledger())
+        with ledger.lock:
+            self._fold(stream, ledger)
+        return ledger
+
+    def _fold(self, stream: str, ledger: Ledger) -> None:
+        """Fold the entries appended since the last look (the caller holds ``ledger.lock``)."""
+        size = self.log.store.size(stream)
+        for stored in self.log.store.entries(stream, ledger.read_to, size):
+            if parse_line(stored.line).kind in _FOLDED:
+                body = self.index.open(stream, stored.seq)
+                if body is None:
+                    break  # not readable yet: look again next time, from here
+                ledger.fold(stored.seq, body, self._calls_of(stream))
+            ledger.read_to = stored.seq + 1
+
+    def _calls_of(self, stream: str) -> Callable[[int], tuple[AskedCall, ...]]:
+        def calls(seq: int) -> tuple[AskedCall, ...]:
+            reply = self.index.reply(stream, seq)
+            return reply.calls if reply is not None else ()
+
+        return calls
+
+    def _decide(self, stream: str, ask: ToolAsk, claim: bool) -> Admitted | None:
+        with self._lock:
+            ledger = self._ledgers.setdefault(stream, Ledger())
+        with ledger.lock:
+            self._fold(stream, ledger)
+            reply_seq = ask.named.reply_seq if ask.named is not None else ledger.latest_reply
+            reply = self.index.reply(stream, reply_seq) if reply_seq is not None else None
+            return pick(
+                reply.calls if reply is not None else None,
+                reply_seq,
+                server=ask.server,
+                tool=ask.tool,
+                arguments=ask.arguments,
+                call_id=ask.named.call_id if ask.named is not None else None,
+                ledger=ledger,
+                claim=claim,
+            )
+
+    def _release(self, stream: str, ask: ToolAsk, admitted: Admitted) -> None:
+        ledger = self._refreshed(stream)
+        reply = self.index.reply(stream, admitted.reply_seq)
+        with ledger.lock:
+            for call in reply.calls if reply is not None else ():
+                if call.call_id == admitted.call_id:
+                    ledger.release(admitted.reply_seq, call)
+
     @staticmethod
-    def _call(ask: ToolAsk) -> ToolCall:
+    def _call(ask: ToolAsk, admitted: NamedReply | Admitted) -> ToolCall:
         return ToolCall(
-            reply_seq=ask.named.reply_seq,
-            call_id=ask.named.call_id,
+            reply_seq=admitted.reply_seq,
+            call_id=admitted.call_id,
             server=ask.server,
             tool=ask.tool,
             arguments=ask.arguments,

@@ -90,6 +90,9 @@ def build_app() -> typer.Typer:
     from harness import commands
 
     commands.register(root)
+    from harness import tools_cli
+
+    tools_cli.register(root)
     return root
 
 

@@ -139,9 +139,17 @@ def register(app: typer.Typer) -> None:
         search_url: Annotated[
             str | None, typer.Option(help="web_search's endpoint, {query} replaced")
         ] = None,
+        mcp_config: Annotated[
+            Path | None,
+            typer.Option(
+                "--mcp-config",
+                help="MCP servers as Claude Desktop, Cursor or VS Code write them "
+                "(mcpServers / servers JSON); secrets as ${VAR}",
+            ),
+        ] = None,
     ) -> None:
         """Run the appliance here (engine or provider, proxy, control plane) until interrupted."""
-        from harness.up import serve_forever
+        from harness.up import load_mcp_servers, serve_forever
 
         if provider_api not in ("openai", "anthropic"):
             raise typer.BadParameter(
@@ -152,6 +160,14 @@ def register(app: typer.Typer) -> None:
                 "give --provider-url and --model-name together", param_hint="--provider-url"
             )
         options: dict[str, Any] = {"engine": model, "search_url": search_url}
+        if mcp_config is not None:
+            from egress_proxy.errors import ConfigError
+
+            try:
+                options["mcp_servers"] = load_mcp_servers(mcp_config)
+            except ConfigError as exc:  # 2: a fault in the file; 3: no file, an unset ${VAR}
+                _err(f"affidavit: {exc}")
+                raise typer.Exit(exc.exit_code) from None
         if provider_url is not None:
             provider: dict[str, Any] = {"api": provider_api, "base_url": provider_url}
             if api_key_env:
@@ -178,13 +194,33 @@ def register(app: typer.Typer) -> None:
         ] = [],  # noqa: B006
         home: HomeOption = None,
         as_json: JsonOption = False,
+        as_env: Annotated[
+            bool,
+            typer.Option(
+                "--env",
+                help='print export lines for the SDKs\' variables: eval "$(affidavit session new --env)"',
+            ),
+        ] = False,
+        replay_of: Annotated[
+            str | None,
+            typer.Option(
+                "--replay-of",
+                metavar="SESSION",
+                help="arm the new session with SESSION's recorded plan: tools and fetches from "
+                "the record, every model call judged against its recorded twin",
+            ),
+        ] = None,
     ) -> None:
-        """Open a session (pinned or not) and print its id and base_url."""
+        """Open a session (pinned or not) and print what a client needs to use it: its id,
+        base_url, token and MCP URL."""
         from harness.agent import TurnPolicy
+        from harness.connect import Connection
         from harness.session import open_session
         from harness.state import HomeMissing
         from record.seal import RecipientKey
 
+        if as_json and as_env:
+            raise typer.BadParameter("choose one of --json and --env", param_hint="--env")
         pins = parse_pins(pin)
         choices = parse_tool_choices(tool_choice)
         try:
@@ -193,28 +229,31 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 f"not a recipient key: {exc}", param_hint="--recipient"
             ) from None
+        if replay_of is not None and pins:
+            raise typer.BadParameter("a replay takes the recorded pins", param_hint="--pin")
         try:
-            state = open_session(_home(home), pins, keys, policy=TurnPolicy(max_steps, choices))
-        except HomeMissing as exc:
+            if replay_of is not None:
+                from harness.calls import open_replay_of
+
+                policy = TurnPolicy(max_steps, choices)
+                state = open_replay_of(_home(home), replay_of, keys, policy=policy)
+            else:
+                state = open_session(_home(home), pins, keys, policy=TurnPolicy(max_steps, choices))
+        except (HomeMissing, KeyError) as exc:
             raise _missing(exc) from None
+        appliance = _home(home).appliance()
+        connection = Connection.of(
+            state.session_id,
+            state.base_url,
+            state.token,
+            appliance.model,
+            state.pins,
+            appliance.mcp_servers,
+        )
         if as_json:
-            print(
-                json.dumps(
-                    {
-                        "session": state.session_id,
-                        "base_url": state.base_url,
-                        # what any client needs: the SDKs' base_url and the token as API key
-                        "openai_base_url": state.base_url + "/v1",
-                        "anthropic_base_url": state.base_url,
-                        "token": state.token,
-                        "pins": state.pins,
-                    }
-                )
-            )
+            print(json.dumps(connection.to_json()))
         else:
-            print(state.session_id)
-            print(f"base_url {state.base_url}")
-            print(f"pins     {json.dumps(state.pins) if state.pins else 'none (unpinned)'}")
+            print("\n".join(connection.env() if as_env else connection.text()))
 
     @session_app.command("show")
     def session_show(
@@ -314,7 +353,21 @@ def register(app: typer.Typer) -> None:
     @app.command("replay")
     def replay(
         session: str,
-        turn: int,
+        numbers: Annotated[
+            list[int] | None,
+            typer.Argument(
+                metavar="TURN | [SEQ...]",
+                help="the turn to replay; with --calls, the model.request seqs (none: every call)",
+                show_default=False,
+            ),
+        ] = None,
+        calls: Annotated[
+            bool,
+            typer.Option(
+                "--calls",
+                help="replay the stream's recorded model calls one by one (any client's stream)",
+            ),
+        ] = False,
         reconstruct: Annotated[
             bool,
             typer.Option(
@@ -333,10 +386,22 @@ def register(app: typer.Typer) -> None:
         key: KeyOption = None,
         as_json: JsonOption = False,
     ) -> None:
-        """Reconstruct a turn from the record, or re-execute it against the pinned engine."""
+        """Reconstruct a turn (or, with --calls, each recorded call) from the record, or
+        re-execute it against the pinned engine."""
         from harness.session import user_key
         from harness.state import HomeMissing
 
+        if calls:
+            from harness.calls_cli import replay_calls
+
+            if pin:
+                raise typer.BadParameter("--pin is for turns", param_hint="--pin")
+            raise typer.Exit(
+                replay_calls(_home(home), session, numbers, reconstruct, store, key, as_json)
+            )
+        if numbers is None or len(numbers) != 1:
+            raise typer.BadParameter("give one TURN (or --calls [SEQ...])", param_hint="TURN")
+        turn = numbers[0]
         h = _home(home)
         try:
             opener = user_key(h, key)
@@ -366,6 +431,10 @@ def register(app: typer.Typer) -> None:
                         )
                         if d.diff:
                             print(d.diff.rstrip())
+                        if d.what.startswith("the stream has no turn"):
+                            print(
+                                f"its recorded calls replay with: affidavit replay {session} --calls"
+                            )
                 raise typer.Exit(0 if report.ok else 1)
             from harness.reexecute import reexecute_turn
 

@@ -222,6 +222,7 @@ class ProxyToolbox:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
+        self.unavailable: dict[str, str] = {}  # server -> why the catalogue left it out
         self.search_url = search_url
         self.http = httpx.Client(
             headers={"authorization": f"Bearer {token}"}, timeout=timeout, trust_env=False
@@ -233,10 +234,18 @@ class ProxyToolbox:
     # -- the catalogue ------------------------------------------------------------------------
 
     def catalogue(self, mcp_servers: Mapping[str, Sequence[str]]) -> list[ToolSpec]:
-        """The built-in web tools and every tool the proxy's MCP servers list."""
+        """The built-in web tools and every tool the proxy's MCP servers list. A server that
+        cannot list its tools is left out (the proxy recorded why, as ``tool.unavailable``);
+        its error is kept in ``unavailable``, and the other servers' tools stay."""
         specs = [WEB_FETCH] + ([WEB_SEARCH] if self.search_url else [])
+        self.unavailable = {}
         for server, idempotent in sorted(mcp_servers.items()):
-            for tool in asyncio.run(self._list(server)):
+            try:
+                tools = self.list_tools(server)
+            except ToolCallFailed as exc:
+                self.unavailable[server] = str(exc)
+                continue
+            for tool in tools:
                 name = f"{server}{SEP}{tool.name}"
                 hint = tool.annotations.idempotent_hint if tool.annotations else None
                 specs.append(
@@ -251,6 +260,21 @@ class ProxyToolbox:
                     )
                 )
         return specs
+
+    def list_tools(self, server: str) -> list[Any]:
+        """The tools ``server`` lists through the proxy (the SDK's ``Tool`` models);
+        ``ToolCallFailed`` with the proxy's words if it cannot."""
+        from mcp.shared.exceptions import MCPError
+
+        try:
+            return asyncio.run(self._list(server))
+        except Exception as exc:
+            cause: BaseException = exc
+            while isinstance(cause, BaseExceptionGroup) and cause.exceptions:
+                cause = cause.exceptions[0]  # the SDK's task groups wrap the error
+            if isinstance(cause, MCPError):
+                raise ToolCallFailed(cause.error.message) from None
+            raise ToolCallFailed(f"{server}: {type(cause).__name__}: {cause}") from None
 
     async def _list(self, server: str) -> list[Any]:
         async with self._mcp(server) as session:

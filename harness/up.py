@@ -208,10 +208,27 @@ def _serve(app: Any) -> Iterator[str]:
         sock.close()
 
 
+def load_mcp_servers(path: Path, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``--mcp-config``: the file's servers as the proxy's ``mcp_servers`` table.
+
+    Raises ``ConfigError`` (exit 2) naming the path of a fault, or ``ConfigMissing`` (exit 3)
+    for a missing file or an unset ``${VAR}``, each variable named (never a value)."""
+    from egress_proxy.errors import ConfigMissing
+    from egress_proxy.mcp_config import load_mcp_config, missing_variables
+
+    servers = load_mcp_config(path)
+    unset = missing_variables(servers, os.environ if env is None else env)
+    if unset:
+        names = "; ".join(f"mcpServers.{place}" for place in unset)
+        raise ConfigMissing(f"{path}: environment variables not set: {names}")
+    return servers
+
+
 def serve_forever(home: Home, **options: Any) -> int:
     """Run the appliance until SIGINT or SIGTERM."""
     import sys
 
+    from egress_proxy.errors import ConfigError
     from inference.config import UnsupportedModelError
     from inference.pull import PullError
 
@@ -230,5 +247,8 @@ def serve_forever(home: Home, **options: Any) -> int:
         code = exc.exit_code if isinstance(exc, PullError) else 3  # 1: a changed model file
         print(f"affidavit: cannot start the engine: {exc}", file=sys.stderr)
         return code
+    except ConfigError as exc:  # the proxy's config (MCP servers included): 2, or 3 if missing
+        print(f"affidavit: cannot start the proxy: {exc}", file=sys.stderr)
+        return exc.exit_code
     print("affidavit stopped", flush=True)
     return 0

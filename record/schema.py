@@ -223,6 +223,15 @@ class ToolResult(Strict):
     replayed_from: int | None = None  # seq of the recorded result served on replay
 
 
+class ToolUnavailable(Strict):
+    """A tool server this session could not use (it did not start or did not list its
+    tools): its tools are left out of the session, the other servers' stay."""
+
+    kind: Literal["tool.unavailable"] = "tool.unavailable"
+    server: str
+    error: str  # what failed, as the proxy told the client
+
+
 class FetchRequest(Strict):
     kind: Literal["fetch.request"] = "fetch.request"
     method: str
@@ -288,6 +297,7 @@ Body = (
     | ModelResponse
     | ToolCall
     | ToolResult
+    | ToolUnavailable
     | FetchRequest
     | FetchResponse
     | TurnStarted
@@ -306,6 +316,7 @@ BODY_MODELS: dict[str, type[Strict]] = {
         ModelResponse,
         ToolCall,
         ToolResult,
+        ToolUnavailable,
         FetchRequest,
         FetchResponse,
         TurnStarted,

@@ -8,6 +8,9 @@ Routes (every one behind the access token):
 ``GET  /s/{stream}/t/{turn}``          a turn, step by step (``?replay=JOB``, ``?verify=JOB``)
 ``POST /s/{stream}/t/{turn}/replay``   starts a re-execution; 303 to the turn page
 ``POST /s/{stream}/t/{turn}/verify``   starts a reconstruction and proof check; 303 likewise
+``GET  /s/{stream}/calls``             a stream with no turns: its model calls (``?replay=``, …)
+``POST /s/{stream}/calls/replay``      re-executes every call; 303 to the calls page
+``POST /s/{stream}/calls/verify``      rebuilds every call from the record; 303 likewise
 ``GET  /s/{stream}/export.tar.gz``     the stream's auditor bundle, as one ``.tar.gz``
 ``GET  /jobs/{id}``                    a job's progress and result (JSON)
 ``GET  /static/{name}``                the stylesheet and the one small script
@@ -223,20 +226,13 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             view = turn_view(record, opened, turn)
         except NoTurn as exc:
             return missing(exc)
-        replay_job = _job(jobs, replay, "replay", stream, turn)
-        verify_job = _job(jobs, verify, "verify", stream, turn)
-        running = any(j is not None and j.state == "running" for j in (replay_job, verify_job))
-        keep = {k: v for k, v in (("replay", replay), ("verify", verify)) if v}
         return page(
             "turn.html",
             t=view,
             row=row,
             opened=opened,
             refusal=replay_refusal(view, opened),
-            replay=replay_job.json() if replay_job else None,
-            verify=verify_job.json() if verify_job else None,
-            refresh=running,
-            keep=lambda drop: urlencode({k: v for k, v in keep.items() if k != drop}),
+            **_job_views(jobs, stream, turn, replay, verify),
             title=f"Turn {turn} of {stream} · Affidavit",
         )
 
@@ -272,6 +268,65 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
     def verify(stream: str, turn: int, request: Request) -> Response:
         return start(stream, turn, "verify", request)
 
+    @app.get("/s/{stream}/calls", response_class=HTMLResponse)
+    def calls_page(
+        stream: str, replay: str | None = None, verify: str | None = None
+    ) -> HTMLResponse:
+        from harness.panel.calls import CALLS, call_rows, calls_refusal
+
+        try:
+            record, opened = read_stream(source, stream)
+            row = session_row(source, stream, (record, opened))
+        except (UnknownStream, HomeMissing) as exc:
+            return missing(exc)
+        if opened is None:
+            return page("sealed.html", status=403, row=row, stream=stream, turn=0, title="sealed")
+        rows = call_rows(opened)
+        return page(
+            "calls.html",
+            stream=stream,
+            rows=rows,
+            opened=opened,
+            refusal=calls_refusal(source, rows),
+            **_job_views(jobs, stream, CALLS, replay, verify),
+            title=f"Calls of {stream} · Affidavit",
+        )
+
+    def start_calls(stream: str, kind: str, request: Request) -> Response:
+        from harness.panel.calls import (
+            CALLS,
+            call_rows,
+            calls_refusal,
+            run_calls_replay,
+            run_calls_verify,
+        )
+
+        try:
+            _, opened = read_stream(source, stream)
+        except (UnknownStream, HomeMissing) as exc:
+            return missing(exc)
+        if opened is None:
+            return page("error.html", status=403, message="none of the panel's keys opens it")
+        rows = call_rows(opened)
+        if kind == "replay":
+            refusal = calls_refusal(source, rows)
+            if refusal:
+                return page("error.html", status=409, message=f"no replay: {refusal}")
+            job = jobs.start("replay", stream, CALLS, lambda j: run_calls_replay(j, source, opened))
+        else:
+            job = jobs.start("verify", stream, CALLS, lambda j: run_calls_verify(j, source, opened))
+        query = {k: v for k, v in request.query_params.items() if k in ("replay", "verify")}
+        query[kind] = job.id
+        return RedirectResponse(f"/s/{stream}/calls?{urlencode(query)}", status_code=303)
+
+    @app.post("/s/{stream}/calls/replay")
+    def calls_replay(stream: str, request: Request) -> Response:
+        return start_calls(stream, "replay", request)
+
+    @app.post("/s/{stream}/calls/verify")
+    def calls_verify(stream: str, request: Request) -> Response:
+        return start_calls(stream, "verify", request)
+
     @app.get("/s/{stream}/export.tar.gz")
     def export(stream: str) -> Response:
         try:
@@ -296,6 +351,21 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
         return JSONResponse(job.json())
 
     return app
+
+
+def _job_views(
+    jobs: Jobs, stream: str, turn: int, replay: str | None, verify: str | None
+) -> dict[str, Any]:
+    """What a page shows of its Replay and Verify jobs, and the query that keeps them."""
+    replay_job = _job(jobs, replay, "replay", stream, turn)
+    verify_job = _job(jobs, verify, "verify", stream, turn)
+    keep = {k: v for k, v in (("replay", replay), ("verify", verify)) if v}
+    return {
+        "replay": replay_job.json() if replay_job else None,
+        "verify": verify_job.json() if verify_job else None,
+        "refresh": any(j is not None and j.state == "running" for j in (replay_job, verify_job)),
+        "keep": lambda drop: urlencode({k: v for k, v in keep.items() if k != drop}),
+    }
 
 
 def _job(jobs: Jobs, job_id: str | None, kind: str, stream: str, turn: int) -> Job | None:

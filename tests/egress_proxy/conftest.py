@@ -1,4 +1,5 @@
-"""Fixtures of the proxy's tests: one scripted upstream and one proxy per module, on loopback.
+"""Fixtures of the proxy's tests: one scripted upstream and one proxy per module, on loopback,
+and the real embedded engine on the tiny model where a test needs the engine itself.
 
 The helpers they use live in ``loopback.py``; tests import those from there.
 """
@@ -39,3 +40,19 @@ def fresh(rig: Rig) -> Iterator[Rig]:
     rig.upstream.errors.clear()
     yield rig
     assert not rig.upstream.errors, rig.upstream.errors
+
+
+@pytest.fixture(scope="module")
+def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real embedded engine on the shipped tiny model, on loopback."""
+    pytest.importorskip("torch", reason="the engine test needs the `engine` extra")
+    from inference.make_model import make_model
+    from inference.server import Engine, create_app
+
+    made = make_model(tmp_path_factory.mktemp("tiny") / "model")
+    engine = Engine(made.path, model_name="tiny").start()
+    try:
+        with LoopbackServer(create_app(engine)) as server:
+            yield server.url
+    finally:
+        engine.close()

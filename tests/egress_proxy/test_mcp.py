@@ -67,8 +67,8 @@ def _call(url: str, token: str, tool: str, args: dict[str, Any], m: types.Reques
 def test_a_spawned_stdio_server_is_served_and_recorded(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_1"])
     args = {"store": str(rig.store_path), "stream": session.session_id}
+    seq = committed_reply(rig, session, [("call_1", "ours__kinds", args)])
     listed, result = _call(
         mcp_url(session, "ours"), session.token, "kinds", args, meta(seq, "call_1")
     )
@@ -95,7 +95,7 @@ def test_a_spawned_stdio_server_is_served_and_recorded(tools: ToolRig) -> None:
 def test_the_result_recorded_is_the_json_rpc_result_as_received(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_e"])
+    seq = committed_reply(rig, session, [("call_e", "ours__echo", {"text": "é", "n": 1})])
     response = rpc(
         session, "ours", "tools/call", _params("echo", {"text": "é", "n": 1}, meta(seq, "call_e"))
     )
@@ -111,7 +111,7 @@ def test_the_result_recorded_is_the_json_rpc_result_as_received(tools: ToolRig) 
 def test_the_third_party_time_server_runs_offline_under_the_proxy(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_t"])
+    seq = committed_reply(rig, session, [("call_t", "time__get_current_time", {"timezone": "UTC"})])
     url = mcp_url(session, "time")
     listed, result = _call(
         url, session.token, "get_current_time", {"timezone": "UTC"}, meta(seq, "call_t")
@@ -131,7 +131,7 @@ def test_a_remote_streamable_http_server_sees_the_call_only_once_it_is_durable(
 ) -> None:
     rig, remote = tools.rig, tools.remote
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_r"])
+    seq = committed_reply(rig, session, [("call_r", "remote__peek", {"q": [1, 2]})])
     checked: list[int] = []
 
     def inspect_store(name: str, arguments: dict[str, Any], headers: dict[str, str]) -> str:
@@ -164,7 +164,7 @@ def test_a_remote_streamable_http_server_sees_the_call_only_once_it_is_durable(
 def test_an_upstream_error_is_relayed_and_recorded_failed(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_f"])
+    seq = committed_reply(rig, session, [("call_f", "ours__fail", {})])
     with pytest.raises(Exception) as caught:
         _call(mcp_url(session, "ours"), session.token, "fail", {}, meta(seq, "call_f"))
     errors = caught.value.exceptions if isinstance(caught.value, ExceptionGroup) else [caught.value]
@@ -187,12 +187,16 @@ def _leaves(errors: Any) -> Iterator[BaseException]:
 def test_a_spawned_server_has_no_network_of_its_own(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_n", "call_h"])
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(4)
         listener.settimeout(0.5)
         port = listener.getsockname()[1]
+        asked = [
+            ("call_n", "ours__dial", {"port": port}),
+            ("call_h", "ours-net__dial", {"port": port}),
+        ]
+        seq = committed_reply(rig, session, list(asked))
         isolated = rpc(
             session, "ours", "tools/call", _params("dial", {"port": port}, meta(seq, "call_n"))
         )
@@ -230,7 +234,9 @@ def test_bad_requests_are_refused_before_the_sdk(tools: ToolRig) -> None:
 def test_a_server_that_dies_mid_call_leaves_unknown_and_is_respawned(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_x", "call_y"])
+    seq = committed_reply(
+        rig, session, [("call_x", "ours__exit", {}), ("call_y", "ours__echo", {"text": "b"})]
+    )
     died = rpc(session, "ours", "tools/call", _params("exit", {}, meta(seq, "call_x")))
     assert died.status_code == 200 and "error" in died.json()
     again = rpc(session, "ours", "tools/call", _params("echo", {"text": "b"}, meta(seq, "call_y")))
@@ -288,7 +294,7 @@ def test_an_unset_bearer_token_variable_fails_at_start() -> None:
 def test_a_client_that_leaves_does_not_stop_the_call_or_its_recording(tools: ToolRig) -> None:
     rig, remote = tools.rig, tools.remote
     session = rig.open_session()
-    seq = committed_reply(rig, session, ["call_slow"])
+    seq = committed_reply(rig, session, [("call_slow", "remote__peek", {})])
     gate = threading.Event()
 
     def slow(name: str, arguments: dict[str, Any], headers: dict[str, str]) -> str:

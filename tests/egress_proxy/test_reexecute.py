@@ -12,16 +12,24 @@ from record.schema import ModelResponse, ToolCall, ToolResult
 from tests.egress_proxy.tool_rig import build_tool_rig, committed_reply, meta, rpc
 
 
-def _call(session: Any, seq: int, arguments: dict[str, Any]) -> Any:
-    params = {"name": "peek", "arguments": arguments, "_meta": meta(seq, "c1")}
+def _call(session: Any, seq: int, arguments: dict[str, Any], call_id: str = "c1") -> Any:
+    params = {"name": "peek", "arguments": arguments, "_meta": meta(seq, call_id)}
     return rpc(session, "remote", "tools/call", params)
+
+
+#: The reply asks for three calls; the live turn made only the first.
+ASKED: list[Any] = [
+    ("c1", "peek", {"q": 1}),
+    ("c2", "peek", {"q": 2}),
+    ("c3", "sentinel__peek", {"q": 1}),
+]
 
 
 def test_an_armed_session_serves_tools_from_the_plan_and_judges_each_step(tmp_path: Path) -> None:
     with build_tool_rig(tmp_path) as tools:
         rig = tools.rig
         old = rig.open_session()
-        seq = committed_reply(rig, old, ["c1"])
+        seq = committed_reply(rig, old, ASKED)
         first = _call(old, seq, {"q": 1})
         assert first.status_code == 200, first.text
         assert len(tools.remote.calls) == 1
@@ -29,11 +37,11 @@ def test_an_armed_session_serves_tools_from_the_plan_and_judges_each_step(tmp_pa
         registry = rig.proxy.registry
         armed, opened = registry.arm_replay(None, old.session_id, recipients=[rig.user.recipient])
         assert opened is not None and armed.labels[REPLAYS_LABEL] == old.session_id
-        new_seq = committed_reply(rig, opened, ["c1"])  # the same bytes from the upstream
+        new_seq = committed_reply(rig, opened, ASKED)  # the same bytes from the upstream
         served = _call(opened, new_seq, {"q": 1})
         assert served.status_code == 200, served.text
         assert served.json()["result"] == first.json()["result"]
-        missed = _call(opened, new_seq, {"q": 2})
+        missed = _call(opened, new_seq, {"q": 2}, "c2")  # asked, but never recorded
         assert missed.status_code == 409
         data = missed.json()["error"]["data"]
         assert data["code"] == "replay_miss" and data["nearest"]["name"] == "peek"
@@ -41,7 +49,7 @@ def test_an_armed_session_serves_tools_from_the_plan_and_judges_each_step(tmp_pa
         assert len(tools.remote.calls) == 1  # the tool upstream was never asked again
         # A tool the plan never saw, on a server that is only a listening socket: a miss,
         # and the socket receives no connection at all.
-        params = {"name": "peek", "arguments": {"q": 1}, "_meta": meta(new_seq, "c1")}
+        params = {"name": "peek", "arguments": {"q": 1}, "_meta": meta(new_seq, "c3")}
         unseen = rpc(opened, "sentinel", "tools/call", params)
         assert unseen.status_code == 409 and unseen.json()["error"]["data"]["code"] == "replay_miss"
         assert tools.sentinel.accepted == 0

@@ -15,12 +15,10 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 
 from egress_proxy.clock import Clock
 from egress_proxy.control import ControlClient
@@ -93,22 +91,6 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
     finally:
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
-
-
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real embedded engine on the shipped tiny model, on loopback."""
-    pytest.importorskip("torch", reason="the engine test needs the `engine` extra")
-    from inference.make_model import make_model
-    from inference.server import Engine, create_app
-
-    made = make_model(tmp_path_factory.mktemp("tiny") / "model")
-    engine = Engine(made.path, model_name="tiny").start()
-    try:
-        with LoopbackServer(create_app(engine)) as server:
-            yield server.url
-    finally:
-        engine.close()
 
 
 def _episode(session: Any, user_text: str) -> tuple[list[int], Any, str, dict[str, Any]]:

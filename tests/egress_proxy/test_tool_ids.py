@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,6 @@ from record.schema import ModelRequest, ModelResponse
 from record.seal import KeyPair
 from tests.egress_proxy.loopback import (
     ENV,
-    LoopbackServer,
     Rig,
     Script,
     chunked,
@@ -340,22 +339,6 @@ def test_map_back_leaves_unknown_ids_alone() -> None:
     assert back["messages"][1]["tool_call_id"] == "call_upstream"
     assert request["messages"][1]["tool_call_id"] == "call_derived"  # the input is left alone
     assert map_back("openai", {"messages": [{"role": "user", "content": "hi"}]}, table) is None
-
-
-@pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real embedded engine on the shipped tiny model, on loopback."""
-    pytest.importorskip("torch", reason="the engine test needs the `engine` extra")
-    from inference.make_model import make_model
-    from inference.server import Engine, create_app
-
-    made = make_model(tmp_path_factory.mktemp("tiny") / "model")
-    engine = Engine(made.path, model_name="tiny").start()
-    try:
-        with LoopbackServer(create_app(engine)) as server:
-            yield server.url
-    finally:
-        engine.close()
 
 
 def test_the_engine_derives_the_same_ids_so_the_mapping_is_the_identity(

@@ -7,7 +7,9 @@
   seq not yet written, a ``FAILED`` reply, a reply without that id, another session's
   reply) is answered 409 with ``reply_not_committed``, recorded as ``tool.call`` plus a
   ``FAILED`` ``tool.result`` whose ``error_bytes`` are the body sent, and the upstream never
-  sees it. A call that names no reply at all is refused the same way, unrecorded.
+  sees it. A ``_meta`` that names a reply only in part (or not as an int and an id) is
+  refused the same way, unrecorded. (A call with no naming ``_meta`` at all is matched by name
+  and arguments: ``test_tool_admission.py``.)
 - The SDK client gets the refusal as an MCP error carrying the code.
 - In a pinned session the derived id the client was handed names the call.
 - The check reads the record: a fresh index over the same log agrees.
@@ -155,7 +157,6 @@ def test_a_call_naming_no_committed_reply_is_refused_and_recorded(
 @pytest.mark.parametrize(
     "named",
     [
-        None,
         {"affidavit/reply_seq": 2},
         {"affidavit/call_id": "call_ok"},
         {"affidavit/reply_seq": "2", "affidavit/call_id": "call_ok"},
@@ -207,7 +208,7 @@ def _leaves(errors: list[BaseException]) -> Iterator[BaseException]:
 def test_a_pinned_session_names_its_calls_by_the_derived_ids(tools: ToolRig) -> None:
     rig = tools.rig
     session = rig.open_session(pins={"seed": 5})
-    seq = committed_reply(rig, session, ["call_random_upstream"])
+    seq = committed_reply(rig, session, [("call_random_upstream", "ours__echo", {"text": "d"})])
     bodies = rig.bodies(session.session_id)
     response = bodies[seq][1]
     assert isinstance(response, ModelResponse) and response.reproducibility is not None

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import threading
@@ -154,11 +155,25 @@ def meta(reply_seq: int, call_id: str) -> types.RequestParamsMeta:
     return cast(types.RequestParamsMeta, named)
 
 
-def committed_reply(rig: Rig, session: Any, call_ids: list[str]) -> int:
-    """Ask the model through the proxy; its committed reply asks for ``call_ids``: its seq."""
+Asked = str | tuple[str, str, dict[str, Any]]  # an id (asks for ``echo {}``), or id, name, args
+
+
+def committed_reply(rig: Rig, session: Any, call_ids: list[Asked]) -> int:
+    """Ask the model through the proxy; its committed reply asks for ``call_ids``: its seq.
+
+    Each is an id (a call of ``echo`` with ``{}``) or ``(id, function name, arguments)``: a
+    call the proxy admits only with that tool and those arguments (``egress_proxy.admission``).
+    """
+    asked = [(c, "echo", {}) if isinstance(c, str) else c for c in call_ids]
     calls = ",".join(
-        f'{{"id":"{cid}","type":"function","function":{{"name":"echo","arguments":"{{}}"}}}}'
-        for cid in call_ids
+        json.dumps(
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args)},
+            }
+        )
+        for cid, name, args in asked
     )
     body = (
         '{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":'

@@ -22,7 +22,9 @@ from harness.session import open_session
 from record.seal import KeyPair
 from tests.harness.rig import CLOCK, PINS, HarnessRig, harness_rig, model_exchanges
 
-agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK comes with the dev extra")
+agents = pytest.importorskip(
+    "agents", reason="the OpenAI Agents SDK comes with the `frameworks` extra"
+)
 
 LINE = f"Current date and time: {CLOCK} (UTC)"
 INSTRUCTIONS = "You are a weather assistant. Always use the tool."

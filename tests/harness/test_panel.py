@@ -288,23 +288,6 @@ def test_the_panel_command_prints_its_url_serves_a_bundle_and_stops_on_sigint(
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Debian's chromium is not installed (the Makefile's system-deps installs it)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("playwright is not installed (the `dev` extra)")
-    with sync_playwright() as p:
-        launched = p.chromium.launch(
-            executable_path=chromium, headless=True, args=["--no-proxy-server"]
-        )
-        yield launched
-        launched.close()
-
-
-@pytest.fixture(scope="module")
 def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("panel-screenshots")
     return folder

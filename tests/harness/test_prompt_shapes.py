@@ -5,12 +5,18 @@ with ``tool_calls`` and ``content: null``, a ``tool`` message, and a tool whose 
 ``Optional`` (JSON Schema ``anyOf`` with ``null``, once refused). The clock is folded into
 the client's first system message (no message is added), the record keeps the rule, the
 engine's block names the prompt the proxy recorded and the token ids it ran, and a second
-pinned call gives the same bytes."""
+pinned call gives the same bytes. Then the outsider's way in: what ``session new`` prints
+(text, ``--json``, ``--env``) is all the SDKs need, and docs/harness.md's agent-framework
+example runs as written."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +29,7 @@ from harness.session import open_session
 from record.seal import KeyPair
 from tests.harness.rig import CLOCK, PINS, HarnessRig, harness_rig, model_exchanges
 
+REPO = Path(__file__).resolve().parents[2]
 LINE = f"Current date and time: {CLOCK} (UTC)"
 WEATHER: Any = {
     "type": "function",
@@ -117,16 +124,20 @@ def test_every_prompt_shape_reaches_the_engine_through_a_pinned_session(
     assert again.response_digest == reply.response_digest
 
 
-def test_session_new_json_gives_any_client_what_it_needs(
-    rig: HarnessRig, capsys: pytest.CaptureFixture[str]
+def test_session_new_gives_any_client_what_it_needs(
+    rig: HarnessRig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The outsider's flow: the CLI opens a session, the SDKs use what it printed."""
+    """The outsider's flow: the CLI opens a session, the SDKs use what it printed: the JSON,
+    the text, or the shell lines that set the variables the SDKs read by themselves."""
+    import anthropic
+
     from harness.cli import main
 
     args = ["session", "new", "--pin", "seed=3,max_tokens=8", "--home", str(rig.home.root)]
     assert main([*args, "--json"]) == 0
     opened = json.loads(capsys.readouterr().out)
     assert opened["openai_base_url"] == opened["base_url"] + "/v1"
+    assert opened["mcp_url"] == opened["base_url"] + "/mcp"
     chat = openai.OpenAI(base_url=opened["openai_base_url"], api_key=opened["token"])
     reply = chat.chat.completions.create(
         model=rig.up.appliance.model, messages=[{"role": "user", "content": "hi"}]
@@ -136,3 +147,62 @@ def test_session_new_json_gives_any_client_what_it_needs(
     wrong = openai.OpenAI(base_url=opened["openai_base_url"], api_key="not-the-token")
     with pytest.raises(openai.AuthenticationError):
         wrong.chat.completions.create(model=rig.up.appliance.model, messages=[])
+
+    assert main(args) == 0
+    text = capsys.readouterr().out.splitlines()
+    session = text[0]
+    facts = dict(line.split(maxsplit=1) for line in text[1:])
+    assert facts["base_url"].endswith(f"/s/{session}") and len(facts["token"]) >= 32
+    assert facts["mcp_url"].startswith(facts["base_url"] + "/mcp/SERVER")
+
+    assert main([*args, "--env"]) == 0
+    lines = capsys.readouterr().out
+    shell = subprocess.run(
+        ["bash", "-c", f"{lines}\nenv -0"], capture_output=True, check=True, text=True
+    )
+    env = dict(item.split("=", 1) for item in shell.stdout.split("\0") if "=" in item)
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY"):
+        monkeypatch.setenv(name, env[name])
+    assert env["OPENAI_API_KEY"] == env["ANTHROPIC_API_KEY"]
+    from_env = openai.OpenAI()  # nothing passed: the SDK reads the variables
+    reply = from_env.chat.completions.create(
+        model=rig.up.appliance.model, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.usage is not None and reply.usage.completion_tokens == 8
+    message = anthropic.Anthropic().messages.create(
+        model=rig.up.appliance.model, max_tokens=100, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 8
+    assert main([*args, "--env", "--json"]) == 2
+
+
+def _block(text: str, after: str, language: str) -> str:
+    """The first fenced ``language`` block after the line ``after``."""
+    rest = text[text.index(after) :]
+    start = rest.index(f"```{language}\n") + len(f"```{language}\n")
+    return rest[start : rest.index("```", start)]
+
+
+def test_the_docs_agent_framework_example_runs_as_written(rig: HarnessRig, tmp_path: Path) -> None:
+    """docs/harness.md's commands and agent.py, run literally (an outsider's first try)."""
+    pytest.importorskip("agents", reason="the OpenAI Agents SDK comes with the `frameworks` extra")
+    doc = (REPO / "docs" / "harness.md").read_text()
+    commands = _block(doc, "## Any client, any framework", "sh")
+    (tmp_path / "agent.py").write_text(_block(doc, "runs this file as written", "python"))
+    env = {
+        **os.environ,
+        "AFFIDAVIT_HOME": str(rig.home.root),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "-ec", commands + 'echo "session=$AFFIDAVIT_SESSION"\n'],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answer, probe = done.stdout.strip().splitlines()[-2:]
+    assert answer.startswith("sunny in ")  # the tool's own return: the call went through
+    session = probe.removeprefix("session=")
+    key = KeyPair.read(rig.home.user_key_file)
+    ((request, reply),) = model_exchanges(rig.up.appliance.store, session, key)
+    assert request.provider.endpoint.endswith("/v1/responses") and reply.outcome == "COMMITTED"
+    assert json.loads(request.request_bytes)["seed"] == 42  # the pin from the docs' command

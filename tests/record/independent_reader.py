@@ -331,6 +331,7 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "replayed_from": _opt(t_int()),
         }
     ),
+    "tool.unavailable": _body({"server": t_str, "error": t_str}),
     "turn.started": _body({"turn": t_int(0), "input_bytes": t_bytes, "input_digest": DIGEST}),
     "turn.ended": _body(
         {

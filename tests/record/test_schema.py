@@ -207,6 +207,7 @@ def test_every_entry_kind_has_a_strict_body_model() -> None:
         "model.response",
         "tool.call",
         "tool.result",
+        "tool.unavailable",
         "fetch.request",
         "fetch.response",
         "turn.started",
