@@ -36,7 +36,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from inference.block import Reply, ReplyIdentity
+from inference.delivery import finished, submit
 from inference.protocol import SEED_MAX, SEED_MIN, ApiError, json_bytes, load_request
 from inference.scheduler import Event, Finished, Job, Ticket, TokenEvent
 from record.digest import Domain, digest_hex, prompt_digest
@@ -71,7 +72,6 @@ log = logging.getLogger("affidavit.engine")
 _STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use", "stop": "end_turn"}
 #: Anthropic's error ``type`` for an HTTP status.
 _ERROR_TYPES = {404: "not_found_error", 413: "request_too_large", 500: "api_error"}
-_DISCONNECT_POLL_S = 0.5
 #: Chat-request names in the engine's error messages, and what the Messages API calls them.
 _RENAMED = (
     (".function.parameters", ".input_schema"),
@@ -511,28 +511,6 @@ class _TextBlock:
         return out
 
 
-async def _finished(
-    queue: asyncio.Queue[Event], disconnected: Callable[[], Awaitable[bool]]
-) -> Finished | None:
-    """The end of a sequence, or None once the client has gone (asked every 0.5 s, however
-    fast tokens arrive)."""
-    loop = asyncio.get_running_loop()
-    check_at = loop.time() + _DISCONNECT_POLL_S
-    while True:
-        try:
-            event: Event | None = await asyncio.wait_for(
-                queue.get(), max(0.0, check_at - loop.time())
-            )
-        except TimeoutError:
-            event = None
-        if isinstance(event, Finished):
-            return event
-        if loop.time() >= check_at:
-            if await disconnected():
-                return None
-            check_at = loop.time() + _DISCONNECT_POLL_S
-
-
 async def handle(engine: Engine, request: Request) -> Response:
     """``POST /v1/messages``: a ``message`` object, or its SSE events."""
     body = await request.body()
@@ -540,17 +518,11 @@ async def handle(engine: Engine, request: Request) -> Response:
         prepared = await run_in_threadpool(prepare, engine, body, request.headers)
     except ApiError as exc:
         return _error(exc)
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Event] = asyncio.Queue()
-
-    def sink(event: Event) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, event)
-
-    ticket = engine.scheduler.submit(prepared.job, sink)
+    queue, ticket = submit(engine.scheduler, prepared.job)
     if prepared.stream:
         return StreamingResponse(events(prepared, queue, ticket), media_type="text/event-stream")
     try:
-        done = await _finished(queue, request.is_disconnected)
+        done = await finished(queue, request.is_disconnected)
     finally:
         ticket.cancel()
     if done is None:

@@ -32,6 +32,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from inference.block import Reply, ReplyIdentity, reply_identity
+from inference.delivery import finished, submit
 from inference.protocol import ApiError, json_bytes, parse_clock
 from inference.responses_api import ResponsesRequest, chat_request, parse_responses_request
 from inference.scheduler import Event, Finished, Ticket, TokenEvent
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
     from inference.server import Engine
 
 __all__ = ["ResponsesReply", "prepare_responses", "serve_responses"]
-
-_POLL_S = 0.5
 
 
 @dataclass
@@ -173,17 +172,11 @@ async def serve_responses(engine: Engine, request: Request) -> Response:
         job, shaped = await run_in_threadpool(prepare_responses, engine, body, request.headers)
     except ApiError as exc:
         return Response(json_bytes(exc.body()), exc.status, media_type="application/json")
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue[Event] = asyncio.Queue()
-
-    def sink(event: Event) -> None:
-        loop.call_soon_threadsafe(events.put_nowait, event)
-
-    ticket = engine.scheduler.submit(job, sink)
+    events, ticket = submit(engine.scheduler, job)
     if shaped.request.stream:
         return StreamingResponse(_stream(shaped, events, ticket), media_type="text/event-stream")
     try:
-        done = await _finished(events, request)
+        done = await finished(events, request.is_disconnected)
     finally:
         ticket.cancel()
     if done is None:
@@ -199,19 +192,6 @@ def _failure(done: Finished) -> ApiError:
     return ApiError(
         done.error or "generation failed", status=500, code="engine_error", type="server_error"
     )
-
-
-async def _finished(events: asyncio.Queue[Event], request: Request) -> Finished | None:
-    """The end of the sequence, or None once the client has gone (checked every 0.5 s)."""
-    while True:
-        try:
-            event = await asyncio.wait_for(events.get(), _POLL_S)
-        except TimeoutError:
-            if await request.is_disconnected():
-                return None
-            continue
-        if isinstance(event, Finished):
-            return event
 
 
 async def _stream(

@@ -49,6 +49,7 @@ from starlette.exceptions import HTTPException
 from inference.block import EngineInfo, Reply, reply_identity, reproducibility_block
 from inference.checkpoint import load_checkpoint
 from inference.constrained import JsonGrammar, ToolCallGrammar, Vocabulary, validate_tools
+from inference.delivery import finished, submit
 from inference.forbidden_text import ForbiddenMasks, ForbiddenText
 from inference.invariant import InvarianceReport, self_test
 from inference.model import DecoderModel
@@ -322,31 +323,22 @@ async def collect(
 ) -> tuple[int, bytes]:
     """Wait for the end of a sequence: the status and body of the JSON reply.
 
-    Every :data:`_DISCONNECT_POLL_S` it asks whether the client is still there (499, and the
-    caller frees the slot, if not), however fast tokens arrive.
+    A client that left gets 499 (:func:`inference.delivery.finished`; the caller frees the
+    slot).
     """
-    loop = asyncio.get_running_loop()
     entries: list[TokenLogprob] = []
-    check_at = loop.time() + _DISCONNECT_POLL_S
-    while True:
-        try:
-            event = await asyncio.wait_for(events.get(), max(0.0, check_at - loop.time()))
-        except TimeoutError:
-            event = None
-        if loop.time() >= check_at:
-            if await disconnected():
-                return 499, b""
-            check_at = loop.time() + _DISCONNECT_POLL_S
-        if event is None:
-            continue
-        if isinstance(event, TokenEvent):
-            if reply.logprobs:
-                entries.append(reply.tokens.logprob(event.token))
-            continue
-        if event.reason in ("error", "cancelled"):
-            failure = _failure(event)
-            return failure.status, json_bytes(failure.body())
-        return 200, json_bytes(reply.completion(event, entries).model_dump(mode="json"))
+
+    def keep(event: TokenEvent) -> None:
+        if reply.logprobs:
+            entries.append(reply.tokens.logprob(event.token))
+
+    done = await finished(events, disconnected, keep)
+    if done is None:
+        return 499, b""
+    if done.reason in ("error", "cancelled"):
+        failure = _failure(done)
+        return failure.status, json_bytes(failure.body())
+    return 200, json_bytes(reply.completion(done, entries).model_dump(mode="json"))
 
 
 async def stream(
@@ -394,7 +386,6 @@ async def _events(reply: Reply, events: asyncio.Queue[Event]) -> AsyncIterator[b
 
 
 _DONE = b"data: [DONE]\n\n"
-_DISCONNECT_POLL_S = 0.5
 
 
 def _error_response(exc: ApiError) -> Response:
@@ -435,13 +426,7 @@ def create_app(engine: Engine) -> FastAPI:
             job, reply = await run_in_threadpool(engine.prepare, body, request.headers)
         except ApiError as exc:
             return _error_response(exc)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
-
-        def sink(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        ticket = engine.scheduler.submit(job, sink)
+        events, ticket = submit(engine.scheduler, job)
         if reply.stream:
             return StreamingResponse(stream(reply, events, ticket), media_type="text/event-stream")
         try:

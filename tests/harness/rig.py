@@ -125,3 +125,30 @@ def model_exchanges(
             assert isinstance(request, ModelRequest)
             pairs.append((request, body))
     return pairs
+
+
+@dataclass
+class Recorded:
+    """One session's recorded turn, and what the tests need to read it back."""
+
+    rig: HarnessRig
+    session: str
+    key: KeyPair
+    result: Any
+
+    @property
+    def store(self) -> str:
+        return self.rig.up.appliance.store
+
+
+@contextmanager
+def recorded_turn(tmp: Path, api: str, text: str = "What does the web say?") -> Iterator[Recorded]:
+    """A pinned turn (``web_search`` forced, then words) on the model API ``api``, no MCP."""
+    from harness.agent import TurnPolicy
+    from harness.session import LABEL_API, open_session, run_turn
+
+    policy = TurnPolicy(3, (named("web_search"), "none"))
+    with harness_rig(tmp, mcp=False) as rig:
+        state = open_session(rig.home, PINS, policy=policy, labels={LABEL_API: api})
+        result = run_turn(rig.home, state.session_id, text)
+        yield Recorded(rig, state.session_id, KeyPair.read(rig.home.user_key_file), result)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,36 +19,24 @@ pytest.importorskip("torch", reason="the engine test needs the `engine` extra")
 
 import openai
 
-from harness.agent import TurnPolicy
 from harness.reconstruct import reconstruct_turn
 from harness.reexecute import reexecute_turn
-from harness.session import LABEL_API, open_session, read_bodies, run_turn
+from harness.session import LABEL_API, open_session, read_bodies
 from record.digest import Domain, digest, prompt_bytes
 from record.schema import ModelResponse
-from record.seal import KeyPair
-from tests.harness.rig import CLOCK, PINS, HarnessRig, harness_rig, model_exchanges, named
-
-POLICY = TurnPolicy(3, (named("web_search"), "none"))
-
-
-@dataclass
-class Recorded:
-    rig: HarnessRig
-    session: str
-    key: KeyPair
-    result: Any
-
-    @property
-    def store(self) -> str:
-        return self.rig.up.appliance.store
+from tests.harness.rig import (
+    CLOCK,
+    PINS,
+    Recorded,
+    model_exchanges,
+    recorded_turn,
+)
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
-    with harness_rig(tmp_path_factory.mktemp("responses"), mcp=False) as rig:
-        state = open_session(rig.home, PINS, policy=POLICY, labels={LABEL_API: "responses"})
-        result = run_turn(rig.home, state.session_id, "What does the web say?")
-        yield Recorded(rig, state.session_id, KeyPair.read(rig.home.user_key_file), result)
+    with recorded_turn(tmp_path_factory.mktemp("responses"), "responses") as turn:
+        yield turn
 
 
 def test_a_pinned_turn_speaks_the_responses_api_through_the_proxy(recorded: Recorded) -> None:

@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from record.schema import (
     TurnStarted,
 )
 from record.seal import KeyPair
-from tests.harness.rig import PINS, HarnessRig, harness_rig, named
+from tests.harness.rig import PINS, Recorded, harness_rig, named
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = TurnPolicy(
@@ -49,18 +48,6 @@ POLICY = TurnPolicy(
         "none",
     ),
 )
-
-
-@dataclass
-class Recorded:
-    rig: HarnessRig
-    session: str
-    key: KeyPair
-    result: Any
-
-    @property
-    def store(self) -> str:
-        return self.rig.up.appliance.store
 
 
 @pytest.fixture(scope="module")
