@@ -15,7 +15,7 @@ OVMF_DEPS := nasm acpica-tools uuid-dev patch dpkg-dev gcc make
 APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio qemu-system-x86 ovmf \
 	squashfs-tools faketime $(OVMF_DEPS)
 
-.PHONY: demo test test-long lint typecheck unit model bench fuzz system-deps clean image image-full ovmf
+.PHONY: demo test test-long lint typecheck unit model bench fuzz mutate system-deps clean image image-full ovmf
 
 # The test and demo environment: the base package plus the engine and dev extras, with the
 # CPU build of torch pinned by constraints.txt (anything newer pulls a multi-GB CUDA build).
@@ -40,7 +40,9 @@ unit: $(BIN)/.installed model
 	$(BIN)/pytest -p no:cacheprovider -m "not long"
 
 # The real model at length (CI runs it after `make test`): `affidavit probe` on
-# SmolLM2-135M-Instruct at batch sizes 1, 2, 8 and 16 (~5 min on 2 cores).
+# SmolLM2-135M-Instruct at batch sizes 1, 2, 8 and 16 (~2.5 min on 2 cores); real tool schemas
+# forced on it (~3.5 min); `affidavit up` SIGKILLed at fifty random phases of a turn, restarted
+# and resumed (~4.5 min); 64 sessions x 50 calls through three proxy SIGKILLs (~1.5 min).
 test-long: $(BIN)/.installed system-deps model
 	$(BIN)/pytest -p no:cacheprovider -m long
 
@@ -84,6 +86,19 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/log_append.py
 	$(BIN)/python bench/determinism_cost.py
 	$(BIN)/python bench/replay.py
+
+# Every parser of outside bytes fuzzed for 100,000 inputs (docs/fuzzing.md): coverage-guided
+# with atheris, hypothesis where atheris does not install. Not part of `make test`, which runs
+# a one-minute slice (tests/fuzz); a crash's input is kept under fuzz/regressions/<parser>/.
+fuzz: $(BIN)/.installed
+	$(BIN)/python -m fuzz.run --inputs 100000
+
+# Mutation testing of the security checks (docs/mutation.md): mutmut breaks one line at a
+# time of the record, the proxy's tool admission and replay, attestation/ and the panel's
+# proof check, each against its own tests, in scratch copies under mutants/. Not part of
+# `make test` (hours on 2 cores); TARGETS= narrows it, e.g. TARGETS=attestation/snp.py.
+mutate: $(BIN)/.installed
+	nice -n 10 $(BIN)/python scripts/mutate.py $(TARGETS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -8,9 +8,13 @@ whose envelope time is when the evidence was collected. The check:
 1. the bundle is whole and its checkpoints verify under ``log_key.pub`` (``verify_bundle``
    with that key pinned);
 2. each archived report verifies, at its recorded collection time (old evidence is judged
-   by the certificates valid when it was taken, not today);
-3. its ``report_data`` begins with ``binding_digest(log key, sealing key)`` for the log key
-   of the bundle and one of the stream's recipients (the appliance's sealing key).
+   by the certificates valid when it was taken, not today). That time is the envelope's of
+   an ``evidence.archived`` entry, so it is only believed when a checkpoint signed by the log
+   key covers the entry: evidence recorded in an unsigned tail is not judged at all;
+3. its ``report_data`` is 64 bytes whose first 32 are exactly
+   ``binding_digest(log key, sealing key)`` for the log key of the bundle and one of the
+   stream's recipients (the appliance's sealing key); the last 32 are the verifier's nonce,
+   which ``attest verify --nonce`` checks.
 
 Opening ``evidence.archived`` bodies (their kind and file name) needs a recipient key.
 ``--trusted-root FILE`` (SEV-SNP) replaces AMD's pinned roots with the ARK(s) in FILE, for a
@@ -21,6 +25,7 @@ Files are named ``<kind>-<stamp>.report`` / ``.certs.pem`` / ``.collateral.json`
 
 from __future__ import annotations
 
+import hmac
 import json
 import sys
 from collections.abc import Callable
@@ -31,7 +36,7 @@ from typing import Annotated, Any
 import typer
 
 from attestation.binding import binding_digest
-from attestation.verdict import Check, EvidenceKind, Verdict
+from attestation.verdict import Check, EvidenceKind, Verdict, all_made_held
 
 __all__ = ["KINDS", "attest_bind_check", "check_bundle", "evidence_names"]
 
@@ -72,6 +77,8 @@ def check_bundle(
     )
     entries = [parse_entry(line) for line in (bundle / ENTRIES).read_bytes().splitlines()]
     stream = entries[0].stream
+    # Entries at positions below this are covered by a checkpoint the log key signed.
+    signed_size = integrity.entries - integrity.unsigned.get(stream, integrity.entries)
     keys = StreamKeys.collect(stream, entries, key)
     opened = [(entry, keys.open(entry)) for entry in entries]
     sealing = [
@@ -85,6 +92,17 @@ def check_bundle(
         checks.append(Check("evidence", False, "the bundle holds no archived report"))
     for entry, body in reports:
         kind = KINDS[body.evidence_kind]
+        if entry.seq >= signed_size:
+            checks.append(
+                Check(
+                    f"evidence.{body.file}",
+                    False,
+                    f"not judged: its entry (seq {entry.seq}) is covered by no signed checkpoint "
+                    f"(they cover {signed_size} entries), so its time {entry.occurred_at} is "
+                    "not the log's word",
+                )
+            )
+            continue
         base = body.file[: -len(".report")]
         collected = datetime.fromisoformat(entry.occurred_at.replace("Z", "+00:00"))
         report = (bundle / EVIDENCE / body.file).read_bytes()
@@ -130,9 +148,11 @@ def check_bundle(
 def _bound_to(log_key: str, recipients: list[str], data: bytes) -> str | None:
     import base64
 
+    if len(data) != 64:  # 32 bytes of binding, 32 of nonce: anything else binds nothing
+        return None
     for text in recipients:
         raw = base64.b64decode(text)
-        if len(raw) == 32 and data[:32] == binding_digest(log_key, raw):
+        if len(raw) == 32 and hmac.compare_digest(data[:32], binding_digest(log_key, raw)):
             return text
     return None
 
@@ -188,8 +208,7 @@ def attest_bind_check(
     except (RecordError, ValueError, OSError) as exc:
         checks = [Check("bundle", False, f"{type(exc).__name__}: {exc}")]
     checks = notice + checks
-    made = [c for c in checks if c.ok is not None]
-    ok = bool(made) and all(c.ok for c in made)
+    ok = all_made_held(checks)
     if as_json:
         doc = {"verdict": "accept" if ok else "reject", "checks": [c.json() for c in checks]}
         print(json.dumps(doc, indent=2))

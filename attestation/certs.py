@@ -12,6 +12,7 @@ import hashlib
 import warnings
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from cryptography.utils import CryptographyDeprecationWarning
 
@@ -19,19 +20,41 @@ __all__ = ["load_certs", "spki_sha256"]
 
 
 def load_certs(data: bytes) -> list[x509.Certificate]:
-    """The certificates in ``data``, in order, each once; ``ValueError`` if none parse."""
+    """The certificates in ``data``, in order, each once; ``ValueError`` if one does not parse.
+
+    ``cryptography`` reads a certificate's key and extensions only when asked: they are read
+    here (and its names), so a certificate with a curve it does not know, a repeated extension
+    or a malformed name is refused now, as ``ValueError``, not deep inside a chain check
+    (found by fuzzing).
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore",
             message="Parsed a serial number which wasn't positive",
             category=CryptographyDeprecationWarning,
         )
-        if b"-----BEGIN CERTIFICATE-----" in data:
-            certs = x509.load_pem_x509_certificates(data.rstrip(b"\x00"))
-        else:
-            certs = [x509.load_der_x509_certificate(data)]
+        try:
+            if b"-----BEGIN CERTIFICATE-----" in data:
+                certs = x509.load_pem_x509_certificates(data.rstrip(b"\x00"))
+            else:
+                certs = [x509.load_der_x509_certificate(data)]
+        except x509.InvalidVersion as exc:  # not a ValueError (found by fuzzing)
+            raise ValueError(f"a certificate of an unknown X.509 version: {exc}") from None
     unique: dict[bytes, x509.Certificate] = {}
     for cert in certs:
+        try:
+            cert.public_key()
+            cert.extensions  # noqa: B018 - parsed for what it raises
+            cert.subject  # noqa: B018
+            cert.issuer  # noqa: B018
+        except (
+            ValueError,
+            TypeError,  # a name attribute of a type its OID does not take
+            UnsupportedAlgorithm,
+            x509.DuplicateExtension,
+            x509.UnsupportedGeneralNameType,
+        ) as exc:
+            raise ValueError(f"a certificate that cannot be read: {exc}") from None
         unique.setdefault(cert.public_bytes(Encoding.DER), cert)
     return list(unique.values())
 

@@ -152,15 +152,21 @@ def _ext_value(cert: x509.Certificate, oid: x509.ObjectIdentifier) -> bytes | No
 
 
 def _hwid(value: bytes) -> bytes:
-    # AMD first wrote hwID as the raw bytes, later as a DER OCTET STRING around them.
-    if len(value) > 2 and value[0] == 0x04:
-        try:
-            inner = _der(value, 0x04, "hwID")
-        except ValueError:
-            return value
-        if len(inner) in (8, 64):
-            return inner
-    return value
+    # AMD first wrote hwID as the raw bytes, later as a DER OCTET STRING around them. Raw
+    # bytes never read as an OCTET STRING of 8 or 64 bytes (that takes 10 or 66 of them).
+    try:
+        inner = _der(value, 0x04, "hwID")  # pragma: no mutate (the name is never shown)
+    except ValueError:
+        return value
+    return inner if len(inner) in (8, 64) else value
+
+
+def _ia5(value: bytes) -> str:
+    """An IA5String's text; where the value is not one (raw text), the bytes as ASCII."""
+    try:
+        return _der(value, 0x16, "IA5String").decode("ascii")
+    except (ValueError, UnicodeDecodeError):
+        return value.decode("ascii", "replace")
 
 
 def _vek_info(cert: x509.Certificate) -> VekInfo:
@@ -172,23 +178,13 @@ def _vek_info(cert: x509.Certificate) -> VekInfo:
     else:
         kind = "vcek"
     name_raw = _ext_value(cert, OID_PRODUCT_NAME)
-    product_name = None
-    if name_raw is not None:
-        try:
-            product_name = _der(name_raw, 0x16, "productName").decode("ascii")
-        except (ValueError, UnicodeDecodeError):
-            product_name = name_raw.decode("ascii", "replace")
+    product_name = _ia5(name_raw) if name_raw is not None else None
     tcb: dict[str, int] = {}
     for part, oid in TCB_OIDS.items():
         raw = _ext_value(cert, oid)
         if raw is not None:
             tcb[part] = _der_uint(raw, f"TCB extension {oid.dotted_string}")
-    csp = None
-    if csp_raw is not None:
-        try:
-            csp = _der(csp_raw, 0x16, "CSP id").decode("ascii")
-        except (ValueError, UnicodeDecodeError):
-            csp = csp_raw.decode("ascii", "replace")
+    csp = _ia5(csp_raw) if csp_raw is not None else None
     return VekInfo(
         kind=kind,
         product_name=product_name,
@@ -438,14 +434,18 @@ def _check_vek_fields(verdict: Verdict, report: SnpReport, found: _Chain) -> Non
         verdict.add("vek.hwid", False, "the VCEK has no hwID extension (1.3.6.1.4.1.3704.1.4)")
     else:
         hwid = info.hwid
-        # Turin VCEKs carry an 8-byte hwID: the first 8 bytes of CHIP_ID
-        same = report.chip_id[: len(hwid)] == hwid if len(hwid) in (8, 64) else False
+        # A Turin VCEK carries CHIP_ID[0:8]; Milan's and Genoa's all 64 bytes of it. What is
+        # compared comes from the product, never from the hwID: a short one is no match.
+        turin = info.product == "Turin"
+        chip = report.chip_id[:8] if turin else report.chip_id
+        same = chip == hwid
         verdict.add(
             "vek.hwid",
             same,
-            f"the VCEK's hwID equals CHIP_ID{' [0:8]' if len(hwid) == 8 else ''}"
+            f"the VCEK's hwID equals CHIP_ID{' [0:8]' if turin else ''}"
             if same
-            else f"the VCEK's hwID {hwid.hex()[:16]}… is not CHIP_ID {report.chip_id.hex()[:16]}…"
+            else f"the VCEK's hwID ({len(hwid)} bytes) {hwid.hex()} is not "
+            f"CHIP_ID{'[0:8]' if turin else ''} {chip.hex()}"
             + (" (the host masked CHIP_ID)" if report.mask_chip_key else ""),
         )
 

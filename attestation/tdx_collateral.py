@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from attestation.certs import load_certs
@@ -144,10 +145,18 @@ def _crl(value: Any, name: str) -> x509.CertificateRevocationList:
         raise _Bad(f"{name}: a {type(value).__name__}, not a CRL")
     try:
         if blob.lstrip().startswith(b"-----BEGIN"):
-            return x509.load_pem_x509_crl(blob)
-        return x509.load_der_x509_crl(blob)
-    except ValueError as exc:
+            crl = x509.load_pem_x509_crl(blob)
+        else:
+            crl = x509.load_der_x509_crl(blob)
+        # cryptography reads these only when asked: read now, so a malformed one is this
+        # member's problem, not a crash inside a later check (found by fuzzing)
+        crl.issuer  # noqa: B018
+        crl.extensions  # noqa: B018
+        for revoked in crl:
+            revoked.extensions  # noqa: B018
+    except (ValueError, TypeError, UnsupportedAlgorithm, x509.DuplicateExtension) as exc:
         raise _Bad(f"{name}: does not parse as a CRL: {exc}") from None
+    return crl
 
 
 @dataclass

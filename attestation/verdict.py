@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Check", "EvidenceKind", "Verdict"]
+__all__ = ["Check", "EvidenceKind", "Verdict", "all_made_held"]
 
 EvidenceKind = Literal["snp", "tdx", "nvidia"]
 
@@ -33,6 +33,13 @@ class Check:
         return f"{mark} {self.name}: {self.detail}"
 
 
+def all_made_held(checks: Iterable[Check]) -> bool:
+    """True when at least one check was made and every made check held: skipped checks
+    (``ok`` None) never count as a pass, and nothing checked is no acceptance."""
+    made = [c.ok for c in checks if c.ok is not None]
+    return bool(made) and all(made)
+
+
 @dataclass
 class Verdict:
     kind: EvidenceKind
@@ -49,8 +56,7 @@ class Verdict:
 
     @property
     def accepted(self) -> bool:
-        made = [c for c in self.checks if c.ok is not None]
-        return bool(made) and all(c.ok for c in made)
+        return all_made_held(self.checks)
 
     @property
     def failed(self) -> list[Check]:

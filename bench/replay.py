@@ -273,7 +273,11 @@ def measure(
     with (
         _serve(page_app) as page_url,
         running_appliance(
-            home, engine=TINY_MODEL, search_url=page_url + "/search?q={query}", clock=clock
+            home,
+            engine=TINY_MODEL,
+            search_url=page_url + "/search?q={query}",
+            fetch_allow=("127.0.0.1/32",),  # the loopback page: refused unless allow-listed
+            clock=clock,
         ) as up,
     ):
         store = up.appliance.store

@@ -30,7 +30,6 @@ serves nothing. This module dials nothing and imports no web framework.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from typing import Any
 from egress_proxy.errors import ReplyNotCommitted, ToolCallServed, ToolNotAsked
 from egress_proxy.sse import iter_events
 from record.digest import canonical_json
+from record.limits import JsonRefused, load_json
 from record.schema import ModelResponse, ToolCall, ToolResult, TurnDecided
 
 #: The codes of the proxy's own refusals: a ``FAILED`` result carrying one served nothing.
@@ -80,8 +80,8 @@ def reply_calls(body: bytes) -> list[tuple[str, str, bytes | None]]:
     bytes as received: OpenAI Chat (message or stream deltas), Anthropic Messages (blocks or
     stream events, ``input_json_delta`` joined) and Responses (``function_call`` items)."""
     try:
-        objects: list[Any] = [json.loads(body)]
-    except ValueError:
+        objects: list[Any] = [load_json(body)]
+    except JsonRefused:  # a stream, or a reply past record.limits (its calls read as none)
         objects = [event.json() for event in iter_events(body)]
     slots: dict[str, dict[str, Any]] = {}
     for obj in objects:
@@ -100,9 +100,9 @@ def reply_calls(body: bytes) -> list[tuple[str, str, bytes | None]]:
 def _arguments(slot: dict[str, Any]) -> bytes | None:
     text = slot.get("text", "")
     try:
-        value = json.loads(text) if text.strip() else slot.get("input", {})
+        value = load_json(text) if text.strip() else slot.get("input", {})
         return canonical_json(_finite(value))
-    except ValueError:
+    except ValueError:  # JsonRefused among them: arguments no call can match
         return None
 
 
@@ -126,7 +126,8 @@ def _gather(value: Any, slots: dict[str, dict[str, Any]]) -> None:
         return
     if not isinstance(value, dict):
         return
-    for position, choice in enumerate(value.get("choices") or []):  # OpenAI Chat
+    choices = value.get("choices")
+    for position, choice in enumerate(choices if isinstance(choices, list) else []):  # Chat
         if not isinstance(choice, dict):
             continue
         at = choice.get("index", position)
@@ -197,13 +198,14 @@ def is_refusal(result: ToolResult) -> bool:
     if result.outcome != "FAILED" or not result.error_bytes:
         return False
     try:
-        error = json.loads(result.error_bytes)
-    except ValueError:
+        error = load_json(result.error_bytes)
+    except JsonRefused:
         return False
     if isinstance(error, dict) and isinstance(error.get("error"), dict):
         error = error["error"]  # a whole JSON-RPC answer
     data = error.get("data") if isinstance(error, dict) else None
-    return isinstance(data, dict) and data.get("code") in REFUSAL_CODES
+    code = data.get("code") if isinstance(data, dict) else None
+    return isinstance(code, str) and code in REFUSAL_CODES
 
 
 # -- what a session has served ------------------------------------------------------------------
@@ -287,21 +289,24 @@ def pick(
     call_id: str | None,
     ledger: Ledger,
     claim: bool = True,
+    found: str | None = None,
 ) -> Admitted:
     """Choose and claim the call an ask is admitted as (the caller holds ``ledger.lock``).
 
     ``call_id`` None: the first unserved call of the reply with this name and these
     arguments. Otherwise that call, which must have this name and these arguments.
     Raises ``ReplyNotCommitted`` (or its ``ToolNotAsked``/``ToolCallServed``), naming why.
-    ``claim`` False checks only: nothing is marked served.
+    ``claim`` False checks only: nothing is marked served. ``found`` says what the record
+    holds at ``reply_seq`` when that is no committed reply (a ``FAILED`` or ``UNKNOWN`` one
+    asked for nothing a tool may run, whatever its bytes hold).
     """
     if calls is None or reply_seq is None:
         where = (
             "this session has no committed model reply"
             if reply_seq is None
-            else (f"seq {reply_seq} of this session is not a committed model reply")
+            else f"seq {reply_seq} of this session is not a committed model reply"
         )
-        raise ReplyNotCommitted(where)
+        raise ReplyNotCommitted(where + (f": it is {found}" if found else ""))
     names = model_names(server, tool)
     if call_id is not None:
         named = next((c for c in calls if call_id in c.ids), None)

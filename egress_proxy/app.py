@@ -74,6 +74,7 @@ def upstreams(config: ProxyConfig, keys: Mapping[str, str | None]) -> dict[str, 
             api_version=provider.api_version,
             timeout_s=provider.timeout_s,
             connect_timeout_s=provider.connect_timeout_s,
+            max_reply_bytes=config.max_reply_bytes,
             engine_extensions=provider.engine_extensions,
             inject_clock=provider.inject_clock,
         )

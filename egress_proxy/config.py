@@ -3,8 +3,9 @@ goes to which upstream (a ``mounts``-style mapping).
 
 TOML (read with ``tomllib``) or JSON, chosen by the file's suffix. Every model refuses unknown
 keys, and a bad file fails at start with the offending key named (``ConfigError``). API keys
-are never in the file: a provider names the environment variable that holds its key, and
-:func:`api_keys` reads them once at start (``ConfigMissing`` names the variable).
+are never in the file: a provider names the environment variable that holds its key (or a
+file only its owner may read: ``api_key_file``), and :func:`api_keys` reads them once at
+start (``ConfigMissing`` names the variable or the file).
 
 This module never dials out and never reads the record.
 """
@@ -54,6 +55,8 @@ class ProviderConfig(_Model):
     api: Literal["openai", "anthropic"]  # the wire dialect it speaks
     base_url: str  # e.g. "https://api.openai.com" (the route adds "/v1/chat/completions")
     api_key_env: str | None = None  # environment variable holding the key; None: no key
+    # or a file holding it, readable by its owner only (the appliance's engine token)
+    api_key_file: str | None = None
     api_version: str | None = None  # anthropic: the anthropic-version header sent upstream
     timeout_s: float = Field(600.0, gt=0)  # the whole reply, streamed or not
     connect_timeout_s: float = Field(10.0, gt=0)
@@ -77,12 +80,21 @@ class ProviderConfig(_Model):
             raise ValueError(f"not an environment variable name: {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ProviderConfig:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("api_key_env and api_key_file: give one of them")
+        return self
+
 
 class ProxyConfig(_Model):
     """The whole file. See ``docs/proxy.md`` for a worked example."""
 
     listen: Listen = Listen()
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, le=256 * 1024 * 1024)
+    # A model reply is read to at most this many bytes, then cut and recorded as UNKNOWN with
+    # what arrived (docs/proxy.md §limits gives the memory this bounds).
+    max_reply_bytes: int = Field(64 * 1024 * 1024, gt=0, le=1024 * 1024 * 1024)
     providers: dict[str, ProviderConfig] = Field(min_length=1)
     mounts: dict[Route, str] = Field(default_factory=dict)
     mcp_servers: McpServers = Field(default_factory=dict)  # tool servers: see tool_config
@@ -162,6 +174,9 @@ def api_keys(config: ProxyConfig, env: Mapping[str, str] | None = None) -> dict[
     env = os.environ if env is None else env
     keys: dict[str, str | None] = {}
     for name, provider in config.providers.items():
+        if provider.api_key_file is not None:
+            keys[name] = _key_file(name, Path(provider.api_key_file))
+            continue
         if provider.api_key_env is None:
             keys[name] = None
             continue
@@ -173,3 +188,21 @@ def api_keys(config: ProxyConfig, env: Mapping[str, str] | None = None) -> dict[
             )
         keys[name] = value
     return keys
+
+
+def _key_file(name: str, path: Path) -> str:
+    """``api_key_file``'s key: a file only its owner may read, holding one line."""
+    where = f"providers.{name}.api_key_file"
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigMissing(f"{where}: {path} does not exist") from None
+    except OSError as exc:
+        raise ConfigMissing(f"{where}: cannot read {path}: {exc.strerror}") from None
+    if mode & 0o077:
+        raise ConfigError(f"{where}: {path} is mode {mode & 0o777:04o}: others may read the key")
+    key = text.strip()
+    if not key or any(c.isspace() for c in key):
+        raise ConfigError(f"{where}: {path} does not hold one key on one line")
+    return key

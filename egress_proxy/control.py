@@ -33,6 +33,7 @@ from egress_proxy.proto import control_pb2 as pb
 from egress_proxy.sessions import Session, SessionRegistry
 from record.digest import Domain, digest
 from record.errors import SchemaError
+from record.limits import JsonRefused, load_json
 from record.schema import parse_body
 from record.seal import RecipientKey
 
@@ -71,8 +72,8 @@ def _pins(text: str) -> dict[str, JsonValue] | None:
     if not text.strip():
         return None
     try:
-        value = json.loads(text)
-    except ValueError as exc:
+        value = load_json(text)
+    except JsonRefused as exc:
         raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"pins_json is not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "pins_json must be a JSON object")

@@ -11,7 +11,11 @@
     │   ├── Unauthorized        401 unauthorized: unknown session or wrong token (one answer for both)
     │   ├── BodyTooLarge        413 body_too_large: over ``max_body_bytes``; never read to the end
     │   ├── MalformedBody       400 malformed_json: not one I-JSON object; recorded as FAILED
+    │   │   ├── PastLimit       400 past_limit: JSON past ``record.limits`` (nesting, number
+    │   │   │                   length, message or tool count); recorded as FAILED
     │   │   └── MalformedFetch  400 malformed_fetch: JSON, but not a fetch request the proxy sends
+    │   ├── EgressRefused       403 egress_refused: a fetch to an address the fetch rule refuses
+    │   │                       (``egress_proxy.fetch_guard``); recorded as FAILED, never dialed
     │   └── ReplyNotCommitted   409 reply_not_committed: a tool call naming no committed model
     │       │                   reply of its session; recorded as a FAILED tool call
     │       ├── ToolNotAsked    409 tool_not_asked: the reply asked for no call of this name
@@ -25,8 +29,9 @@
     └── UpstreamError           the upstream gave no whole reply (exit 3); recorded as UNKNOWN
         ├── UpstreamUnavailable 502 upstream_unavailable: no response (connect, TLS, timeout)
         ├── UpstreamCut         502 upstream_cut: the response stopped before its end
-        └── ResponseTooLarge    502 response_too_large: a fetched body over
-                                ``fetch.max_response_bytes``; recorded as FAILED
+        └── ResponseTooLarge    502 response_too_large: a model reply over ``max_reply_bytes``
+                                (recorded as UNKNOWN with what arrived) or a fetched body over
+                                ``fetch.max_response_bytes`` (recorded as FAILED)
 
 A provider's own error reply (a 4xx or 5xx with a body) is *not* a ``ProxyError``: the proxy
 relays it verbatim with the same status and records it as ``FAILED``. Transports translate
@@ -96,8 +101,17 @@ class MalformedBody(Refused):
     status = 400
 
 
+class PastLimit(MalformedBody):
+    code = "past_limit"
+
+
 class MalformedFetch(MalformedBody):
     code = "malformed_fetch"
+
+
+class EgressRefused(Refused):
+    code = "egress_refused"
+    status = 403
 
 
 class ReplyNotCommitted(Refused):

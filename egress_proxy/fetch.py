@@ -7,6 +7,12 @@ the one network transport, reads the response to its end and appends ``fetch.res
 (status line, header lines and body as received), and only then answers with status, headers
 and body verbatim (the body base64). The shapes are in ``docs/proxy.md``.
 
+Before it dials, the URL's host is resolved and checked (``egress_proxy.fetch_guard``): an
+address the rule refuses (loopback, private, link-local, metadata …, unless ``fetch.allow``
+opens it) is answered 403 ``egress_refused`` and recorded ``FAILED``; the transport connects to
+the checked address only, with ``Host`` and the TLS server name still the URL's host.
+Redirects are not followed: a 3xx is answered like any response, its ``Location`` never dialed.
+
 The proxy sets ``host`` and ``content-length`` itself and ``user-agent`` and
 ``accept-encoding: identity`` unless the client set them; it refuses credential headers
 (the record keeps the request bytes) and framing headers (it frames the request itself).
@@ -28,12 +34,14 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from egress_proxy.errors import (
+    EgressRefused,
     MalformedFetch,
     ProxyError,
     ResponseTooLarge,
     UpstreamCut,
     UpstreamUnavailable,
 )
+from egress_proxy.fetch_guard import EgressRule
 from egress_proxy.providers import CREDENTIAL_HEADERS, parse_request
 from egress_proxy.replay_plan import ReplayPlan
 from egress_proxy.sessions import Session
@@ -68,9 +76,10 @@ class ExactResponse(Protocol):
 
 @runtime_checkable
 class ExactTransport(Protocol):
-    """What fetch needs of a transport: send these very bytes (``transports.network``)."""
+    """What fetch needs of a transport: send these very bytes (``transports.network``) over a
+    connection to ``address`` (the checked, pinned one), whatever the URL's host resolves to."""
 
-    async def send_exact(self, request: UpstreamRequest) -> ExactResponse: ...
+    async def send_exact(self, request: UpstreamRequest, address: str) -> ExactResponse: ...
 
 
 class _Body(BaseModel):
@@ -89,6 +98,8 @@ class FetchAsk:
     method: str
     url: str
     target: str  # origin-form: path and query as in the URL
+    host: str  # the URL's host, as written (an IPv6 literal in brackets)
+    port: int  # the URL's port, or its scheme's
     headers: tuple[tuple[str, str], ...]  # lower-case names, in the order sent
     body: bytes
 
@@ -115,6 +126,11 @@ def parse_fetch(raw: bytes, user_agent: str) -> FetchAsk:
     target = (parts.path or "/") + (f"?{parts.query}" if "?" in url else "")
     if not _TARGET.fullmatch(target) or not re.fullmatch(r"[A-Za-z0-9.\-:\[\]]+", parts.netloc):
         raise MalformedFetch("fetch: url has characters that must be percent-encoded")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise MalformedFetch(f"fetch: url has no valid port: {url!r}") from None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     if {".", ".."} & set(parts.path.split("/")):
         raise MalformedFetch("fetch: url path has dot segments (the client would remove them)")
     try:
@@ -136,7 +152,7 @@ def parse_fetch(raw: bytes, user_agent: str) -> FetchAsk:
             headers.append((key, value))
     if body or given.method in ("POST", "PUT", "PATCH"):
         headers.append(("content-length", str(len(body))))
-    return FetchAsk(given.method, url, target, tuple(headers), body)
+    return FetchAsk(given.method, url, target, host, port, tuple(headers), body)
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,7 @@ class FetchAnswer:
 class Fetcher:
     def __init__(self, log: Log, transport: ExactTransport, config: FetchConfig) -> None:
         self.log, self.transport, self.config = log, transport, config
+        self.rule = EgressRule(config.allow, config.deny)
 
     async def fetch(self, session: Session, raw: bytes) -> FetchAnswer:
         """Record, dial, read, record, answer. Refusals before recording raise ``ProxyError``."""
@@ -172,7 +189,14 @@ class Fetcher:
             connect_timeout_s=self.config.connect_timeout_s,
         )
         try:
-            response = await self.transport.send_exact(upstream)
+            pinned = await self.rule.pin(ask.host, ask.port, self.config.connect_timeout_s)
+        except EgressRefused as exc:  # never dialed
+            return await self._failed(session, first.seq, exc)
+        except UpstreamUnavailable as exc:  # the name does not resolve
+            await self._record(session, first.seq, "UNKNOWN")
+            return FetchAnswer(exc.status, exc.body(), first.seq)
+        try:
+            response = await self.transport.send_exact(upstream, str(pinned))
         except ValueError as exc:  # nothing went out: the client library would change it
             return await self._failed(session, first.seq, MalformedFetch(f"fetch: {exc}"))
         except UpstreamUnavailable as exc:

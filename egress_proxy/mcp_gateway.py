@@ -3,10 +3,11 @@
 
 Both sides are the official ``mcp`` SDK. Towards the client: the SDK's low-level ``Server``
 (``tools/list``, ``tools/call``) behind its streamable-HTTP session manager (stateless, JSON
-replies), mounted as one ASGI route. Towards the upstream: one ``ClientSession`` per
-configured server, over ``stdio_client`` (a process the proxy spawns, by default in a network
-namespace of its own: ``unshare --net``, so the tool reaches nothing, loopback included) or
-``streamable_http_client`` (a remote server, through ``transports.network``'s client).
+replies), mounted as one ASGI route. Towards the upstream: the SDK's ``ClientSession``
+(``egress_proxy.mcp_upstream``), over ``stdio_client`` (a process the proxy spawns, by
+default in a network namespace of its own: ``unshare --net``, so the tool reaches nothing,
+loopback included) or ``streamable_http_client`` (a remote server, through
+``transports.network``'s client).
 
 The route runs the proxy's checks before the SDK sees a byte: token (401), server name (404),
 body size (413), and for ``tools/call`` the admission rule (``egress_proxy.admission``): a
@@ -22,8 +23,12 @@ Each session gets its own process of a stdio server, started on its first use an
 once unused for the server's ``idle_timeout_s`` (a reaper task looks every few seconds), so
 one session's tool state never reaches another's; a server marked ``shared`` (and every remote
 server) is one upstream for all sessions. A server that cannot be started or cannot list its
-tools answers a JSON-RPC error naming it (``data.code`` ``upstream_unavailable``), and its
-session's stream gets a ``tool.unavailable`` entry; the other servers are untouched.
+tools answers a JSON-RPC error naming it (``data.code`` ``upstream_unavailable``, with its
+stderr's last lines), and its session's stream gets a ``tool.unavailable`` entry; the other
+servers are untouched. A call past the server's ``timeout_s`` is cancelled upstream
+(``notifications/cancelled``), answered with a JSON-RPC error ``REQUEST_TIMEOUT`` whose
+``data.code`` is ``tool_timeout``, recorded ``UNKNOWN`` with that error, and its server is
+restarted without cutting other sessions' calls still running on it (``mcp_upstream``).
 
 Importing this module loads the SDK (and its HTTP client): ``app`` imports it only when
 ``mcp_servers`` is configured.
@@ -33,19 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.server.lowlevel.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
@@ -58,10 +58,12 @@ from egress_proxy.errors import (
     ConfigError,
     MalformedBody,
     NotFound,
+    PastLimit,
     ProxyError,
     ReplayMiss,
     ReplyNotCommitted,
 )
+from egress_proxy.mcp_upstream import Link, ServerFailed
 from egress_proxy.providers import CREDENTIAL_HEADERS
 from egress_proxy.sessions import Session, SessionRegistry, token_from_headers
 from egress_proxy.tool_config import RemoteServer, StdioServer, bearer_tokens, resolved
@@ -75,6 +77,7 @@ from egress_proxy.tools import (
     named_reply,
 )
 from record.digest import canonical_json
+from record.limits import JsonRefused, OverLimit, load_json
 from record.log import Log
 from record.schema import ToolUnavailable
 
@@ -94,133 +97,10 @@ _TARGET = "affidavit.tool_target"  # the ASGI scope key the route hands the hand
 _NO_ANSWER = frozenset({types.CONNECTION_CLOSED, types.REQUEST_TIMEOUT})
 
 
-class _Link:
-    """One upstream server: a ``ClientSession`` held open by a task of its own."""
-
-    def __init__(self, name: str, config: StdioServer | RemoteServer, token: str | None) -> None:
-        self.name, self.config, self._token = name, config, token
-        self._session: ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._errlog: Any = None  # a spawned process's stderr, read back when it fails
-        self.busy = 0  # requests using it now: the reaper leaves it alone
-        self.last_used = time.monotonic()
-
-    @property
-    def live(self) -> bool:
-        return self._task is not None and not self._task.done()
-
-    @contextlib.asynccontextmanager
-    async def using(self) -> AsyncIterator[None]:
-        """Mark the link in use for the block (it is not idle, whatever the clock says)."""
-        self.busy += 1
-        try:
-            yield
-        finally:
-            self.busy -= 1
-            self.last_used = time.monotonic()
-
-    def idle_for(self, now: float) -> float:
-        return 0.0 if self.busy else now - self.last_used
-
-    async def session(self) -> ClientSession:
-        """The live session, (re)started if there is none: a dead process is respawned."""
-        async with self._lock:
-            if self._task is None or self._task.done():
-                self._session, self._stop = None, asyncio.Event()
-                ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
-                self._task = asyncio.create_task(self._hold(ready))
-                try:  # a server that never answers initialize must not hold the lock for ever
-                    self._session = await asyncio.wait_for(ready, self.config.timeout_s)
-                except BaseException as exc:
-                    self._task.cancel()
-                    said = self._said()
-                    if said and isinstance(exc, Exception):
-                        raise ServerFailed(f"{type(exc).__name__}: {exc}; it said: {said}") from exc
-                    raise
-            assert self._session is not None
-            return self._session
-
-    def _said(self) -> str:
-        """The last lines a spawned process wrote to stderr (empty if none or not spawned)."""
-        if self._errlog is None:
-            return ""
-        try:
-            self._errlog.flush()
-            self._errlog.seek(0)
-            text: str = self._errlog.read()[-2000:]
-        except (OSError, ValueError):
-            return ""
-        return " | ".join(line.strip() for line in text.strip().splitlines()[-5:])
-
-    async def _hold(self, ready: asyncio.Future[ClientSession]) -> None:
-        try:
-            async with self._streams() as (read, write), ClientSession(read, write) as session:
-                await session.initialize()
-                if ready.done():  # the caller gave up waiting
-                    return
-                ready.set_result(session)
-                await self._stop.wait()
-        except Exception as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            else:
-                logger.warning("MCP server %r: connection ended: %r", self.name, exc)
-
-    def _streams(self) -> contextlib.AbstractAsyncContextManager[Any]:
-        config = self.config
-        if isinstance(config, StdioServer):
-            command, args = config.command, list(config.args)
-            if config.network == "none":
-                command, args = "unshare", ["--net", "--", command, *args]
-            params = StdioServerParameters(
-                command=command, args=args, env=config.env, cwd=config.cwd
-            )
-            if self._errlog is not None:
-                self._errlog.close()
-            # kept open while the link lives: read back when the process fails
-            self._errlog = tempfile.TemporaryFile("w+", errors="replace")  # noqa: SIM115
-            return stdio_client(params, errlog=self._errlog)
-        from egress_proxy.transports.network import mcp_http_client
-
-        headers = dict(config.headers)
-        if self._token:
-            headers["authorization"] = f"Bearer {self._token}"
-        client = mcp_http_client(headers, config.timeout_s, config.connect_timeout_s)
-        return _owning(client, streamable_http_client(config.url, http_client=client))
-
-    async def aclose(self) -> None:
-        """Close the session (a spawned process is shut down); the next call starts anew."""
-        self._stop.set()
-        if self._task is not None:
-            await asyncio.wait({self._task}, timeout=10)
-
-    def close_errlog(self) -> None:
-        if self._errlog is not None:
-            self._errlog.close()
-            self._errlog = None
-
-    async def lost(self, exc: MCPError, used: ClientSession) -> None:
-        """After the SDK says the connection closed, drop it so the next call reconnects."""
-        if exc.code == types.CONNECTION_CLOSED and self._session is used:
-            await self.aclose()
-
-
-@contextlib.asynccontextmanager
-async def _owning(client: Any, streams: Any) -> AsyncIterator[Any]:
-    async with client, streams as pair:
-        yield pair
-
-
-class ServerFailed(Exception):
-    """A spawned server ended before it answered ``initialize``; what it said on stderr."""
-
-
 @dataclass(frozen=True)
 class _Target:
     session: Session
-    link: _Link
+    link: Link
     protocol: str | None = None  # the client's ``mcp-protocol-version`` header
 
 
@@ -252,7 +132,7 @@ class McpGateway:
         self.tokens = bearer_tokens(servers, env)
         self.configs = {name: resolved(name, s, env) for name, s in servers.items()}
         #: The upstreams started so far, by (session id, server); "" for one all sessions use.
-        self.links: dict[tuple[str, str], _Link] = {}
+        self.links: dict[tuple[str, str], Link] = {}
         self.registry, self.max_body_bytes = registry, max_body_bytes
         self.calls = ToolCalls(log)
         self.server: Server[Any] = Server("affidavit-proxy")
@@ -276,10 +156,8 @@ class McpGateway:
                     await asyncio.wait(set(self._tasks), timeout=30)
                 links, self.links = list(self.links.values()), {}
                 await asyncio.gather(*(link.aclose() for link in links))
-                for link in links:
-                    link.close_errlog()
 
-    def link(self, session_id: str, server: str) -> _Link | None:
+    def link(self, session_id: str, server: str) -> Link | None:
         """The upstream ``server`` is for this session (made, not started, on first ask)."""
         config = self.configs.get(server)
         if config is None:
@@ -288,7 +166,7 @@ class McpGateway:
         key = (session_id if own else "", server)
         link = self.links.get(key)
         if link is None:
-            link = self.links[key] = _Link(server, config, self.tokens[server])
+            link = self.links[key] = Link(server, config, self.tokens[server])
         return link
 
     async def _reap(self) -> None:
@@ -313,12 +191,11 @@ class McpGateway:
                     logger.info(
                         "MCP server %r: stopped after %.0f s idle", link.name, config.idle_timeout_s
                     )
+                if link.live or key[0]:  # a forgotten link's retired processes are waited for
                     try:
                         await link.aclose()
                     except Exception as exc:  # the reaper itself must live on
                         logger.warning("MCP server %r: stopping it failed: %r", link.name, exc)
-                if key[0]:
-                    link.close_errlog()
 
     # -- the route -----------------------------------------------------------------------------
 
@@ -353,8 +230,10 @@ class McpGateway:
         changed since shows up as that call's "request differs").
         """
         try:
-            message = json.loads(raw) if raw else None
-        except ValueError:
+            message = load_json(raw) if raw else None
+        except OverLimit as exc:  # refused before the SDK parses it (its parser stops at ~200)
+            raise PastLimit(f"the JSON-RPC body is past a limit: {exc}") from None
+        except JsonRefused:
             return None  # the SDK answers a parse error
         if isinstance(message, list):
             raise MalformedBody("JSON-RPC batches are not served")
@@ -408,11 +287,18 @@ class McpGateway:
         )
         rid = _request_id(request_id)
         if recorded.outcome == "COMMITTED" and recorded.result_bytes is not None:
-            result = json.loads(recorded.result_bytes)
+            try:
+                result = load_json(recorded.result_bytes)
+            except JsonRefused:  # served as recorded, byte for byte, inside the envelope
+                head = canonical_json({"jsonrpc": "2.0", "id": rid})[:-1]
+                return 200, head + b',"result":' + recorded.result_bytes + b"}"
             if target.protocol is not None and is_version_at_least(target.protocol, _MODERN):
                 result = _downstream(result, cacheable=False)  # the SDK's check is bypassed here
             return 200, canonical_json({"jsonrpc": "2.0", "id": rid, "result": result})
-        error = json.loads(recorded.error_bytes) if recorded.error_bytes else None
+        try:
+            error = load_json(recorded.error_bytes) if recorded.error_bytes else None
+        except JsonRefused:
+            error = None
         if not isinstance(error, dict):
             error = {"code": types.INTERNAL_ERROR, "message": "the recorded call got no reply"}
         return 200, canonical_json({"jsonrpc": "2.0", "id": rid, "error": error})
@@ -439,20 +325,22 @@ class McpGateway:
         target = _target(ctx)
         link = self._current(target)
         request = types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=params.cursor))
-        upstream: ClientSession | None = None
         async with link.using():
             try:
-                upstream = await link.session()
-                answer = await upstream.send_request(request, _Raw, link.config.timeout_s)
+                conn = await link.connect()
+                async with link.holding(conn):
+                    try:
+                        answer = await conn.ask(request, _Raw)
+                    except MCPError as exc:
+                        link.lost(exc, conn)
+                        raise
                 return _downstream(answer.members(), cacheable=True)
             except Exception as exc:
-                if isinstance(exc, MCPError) and upstream is not None:
-                    await link.lost(exc, upstream)
                 error = _unavailable(link, exc)
                 await self._note(target, error)
                 raise error from None
 
-    def _current(self, target: _Target) -> _Link:
+    def _current(self, target: _Target) -> Link:
         """The link to use now: the route's may have been reaped while the request waited.
         The caller enters ``using()`` before it awaits anything, so the reaper cannot take
         it in between."""
@@ -512,21 +400,26 @@ class McpGateway:
             params=types.CallToolRequestParams(name=params.name, arguments=params.arguments)
         )
         try:
-            upstream = await link.session()
+            conn = await link.connect()
         except Exception as exc:
-            await self.calls.result(session, call_seq, "UNKNOWN")
-            raise _unavailable(link, exc) from None
-        try:
-            answer = await upstream.send_request(request, _Raw, link.config.timeout_s)
-        except MCPError as exc:
-            await link.lost(exc, upstream)
-            error = exc.error.model_dump(mode="json", by_alias=True, exclude_none=True)
-            outcome: Outcome = "UNKNOWN" if exc.code in _NO_ANSWER else "FAILED"
-            await self.calls.result(session, call_seq, outcome, error_bytes=canonical_json(error))
-            raise
-        except Exception as exc:
-            await self.calls.result(session, call_seq, "UNKNOWN")
-            raise _unavailable(link, exc) from None
+            unavailable = _unavailable(link, exc)
+            await self.calls.result(session, call_seq, "UNKNOWN", error_bytes=_bytes(unavailable))
+            raise unavailable from None
+        async with link.holding(conn):
+            try:
+                answer = await conn.ask(request, _Raw)
+            except MCPError as exc:
+                link.lost(exc, conn)  # a timeout or a closed connection: the next call restarts
+                error = _timed_out(link, params.name) if exc.code == types.REQUEST_TIMEOUT else exc
+                outcome: Outcome = "UNKNOWN" if exc.code in _NO_ANSWER else "FAILED"
+                await self.calls.result(session, call_seq, outcome, error_bytes=_bytes(error))
+                raise error from None
+            except Exception as exc:
+                unavailable = _unavailable(link, exc)
+                await self.calls.result(
+                    session, call_seq, "UNKNOWN", error_bytes=_bytes(unavailable)
+                )
+                raise unavailable from None
         result = answer.members()
         await self.calls.result(session, call_seq, "COMMITTED", result_bytes=canonical_json(result))
         return _downstream(result, cacheable=False)
@@ -567,8 +460,27 @@ def _refused(exc: ProxyError) -> MCPError:
     return MCPError(types.INVALID_REQUEST, f"{exc.code}: {exc}", data)
 
 
-def _unavailable(link: _Link, exc: BaseException) -> MCPError:
-    if isinstance(exc, MCPError):
+def _bytes(error: MCPError) -> bytes:
+    """A JSON-RPC ``error`` object as recorded: RFC 8785 JSON."""
+    return canonical_json(error.error.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def _timed_out(link: Link, tool: str) -> MCPError:
+    """A ``tools/call`` past its server's ``timeout_s``: the SDK's own timeout code
+    (``REQUEST_TIMEOUT``), with ``data.code`` ``tool_timeout`` naming the server and tool."""
+    timeout = link.config.timeout_s
+    message = (
+        f"tool_timeout: MCP server {link.name!r}: tool {tool!r} gave no answer within "
+        f"{timeout:g} s; the call was cancelled and the server is restarted"
+    )
+    data = {"code": "tool_timeout", "server": link.name, "tool": tool, "timeout_s": timeout}
+    return MCPError(types.REQUEST_TIMEOUT, message, data)
+
+
+def _unavailable(link: Link, exc: BaseException) -> MCPError:
+    if isinstance(exc, MCPError) and exc.code == types.REQUEST_TIMEOUT:
+        what = f"no answer within {link.config.timeout_s:g} s; cancelled, the server is restarted"
+    elif isinstance(exc, MCPError):
         what = exc.error.message
     elif isinstance(exc, ServerFailed):
         what = str(exc)

@@ -41,7 +41,13 @@ from typing import Any, Literal, cast
 from pydantic import JsonValue
 
 from egress_proxy.clock import CLOCK_RULE, Clock, ClockRule, inject_clock
-from egress_proxy.errors import ProxyError, RecordUnavailable, UpstreamCut, UpstreamUnavailable
+from egress_proxy.errors import (
+    ProxyError,
+    RecordUnavailable,
+    ResponseTooLarge,
+    UpstreamCut,
+    UpstreamUnavailable,
+)
 from egress_proxy.pins import PinOutcome, apply_pins, pins_entry
 from egress_proxy.providers import Dialect, params_of, reply_facts, splice_member
 from egress_proxy.replay_plan import VERDICT_KEY
@@ -66,8 +72,9 @@ class Upstream:
     url: str
     api_key: str | None = field(repr=False)
     api_version: str | None = None  # as configured; the dialect may fill in a default
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # the whole reply's deadline, from the dial to its last byte
     connect_timeout_s: float = 10.0
+    max_reply_bytes: int = 64 * 1024 * 1024  # read no further: cut, recorded as UNKNOWN
     engine_extensions: bool = False  # takes ``clock`` and ``strict_cache`` request members
     inject_clock: bool = True
     clock_rule: ClockRule = CLOCK_RULE  # a replay uses the rule its record was written under
@@ -124,6 +131,7 @@ class Reply:
     body: AsyncIterator[bytes]
     committed: asyncio.Future[Committed] | None = None  # resolved by ``capture``
     close: Callable[[], Awaitable[None]] | None = None
+    deadline: float | None = None  # the event loop's time by which the whole reply is read
 
     @property
     def is_sse(self) -> bool:
@@ -351,8 +359,24 @@ def dial(transport: Transport) -> Handler:
             timeout_s=up.timeout_s,
             connect_timeout_s=up.connect_timeout_s,
         )
-        response = await transport.send(request)
-        return Reply(response.status, response.headers, response.body(), close=response.aclose)
+        # ``timeout_s`` bounds the whole reply: the transport's timeouts are per read, so a
+        # slow drip would never trip them. Headers must come by the deadline, and ``capture``
+        # stops reading the body there.
+        deadline = asyncio.get_running_loop().time() + up.timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await transport.send(request)
+        except TimeoutError:
+            raise UpstreamUnavailable(
+                f"{up.url}: no reply within timeout_s ({up.timeout_s:g} s)"
+            ) from None
+        return Reply(
+            response.status,
+            response.headers,
+            response.body(),
+            close=response.aclose,
+            deadline=deadline,
+        )
 
     return handler
 
@@ -391,7 +415,8 @@ class _Pump:
     async def run(self) -> None:
         try:
             body, cut = await self._read_to_end()
-            entry = self._response(body, cut)
+            entry = self._recordable(body, cut)
+            del body  # the entry holds the bytes now: one copy fewer while it is written
             appended = await _append(self.log, self.call.session, entry)
         except BaseException as exc:  # not committed: whoever still reads must learn it
             error = exc if isinstance(exc, ProxyError) else RecordUnavailable(repr(exc))
@@ -406,23 +431,57 @@ class _Pump:
         self.committed.set_result(Committed(appended, entry.outcome, entry.response_digest))
         self.queue.put_nowait(cut or _END)
 
-    async def _read_to_end(self) -> tuple[bytes, UpstreamCut | None]:
+    async def _read_to_end(self) -> tuple[bytes, UpstreamCut | ResponseTooLarge | None]:
+        """The reply's bytes, read to its end, to ``max_reply_bytes`` or to the deadline,
+        whichever comes first; and why it stopped early, if it did."""
+        up = self.call.upstream
         received = bytearray()
+        cut: UpstreamCut | ResponseTooLarge | None = None
         try:
-            async for chunk in self.reply.body:
-                received += chunk
-                if not self.reader_gone:
-                    self.queue.put_nowait(chunk)
+            async with asyncio.timeout_at(self.reply.deadline) as within:
+                async for chunk in self.reply.body:
+                    room = up.max_reply_bytes - len(received)
+                    if len(chunk) > room:
+                        chunk = chunk[:room]
+                        cut = ResponseTooLarge(
+                            f"{up.url}: the reply exceeds max_reply_bytes "
+                            f"({up.max_reply_bytes}); what arrived before it is recorded"
+                        )
+                    received += chunk
+                    if chunk and not self.reader_gone:
+                        self.queue.put_nowait(chunk)
+                    if cut is not None:
+                        break
         except UpstreamCut as exc:
-            return bytes(received), exc
+            cut = exc
+        except TimeoutError as exc:
+            if not within.expired():
+                cut = UpstreamCut(f"TimeoutError: {exc}")
+            else:
+                cut = UpstreamCut(
+                    f"{up.url}: the reply did not end within timeout_s ({up.timeout_s:g} s)"
+                )
         except Exception as exc:  # whatever stopped the body, the reply is incomplete
-            return bytes(received), UpstreamCut(f"{type(exc).__name__}: {exc}")
+            cut = UpstreamCut(f"{type(exc).__name__}: {exc}")
         finally:
             if self.reply.close is not None:
                 await self.reply.close()
-        return bytes(received), None
+        return bytes(received), cut
 
-    def _response(self, body: bytes, cut: UpstreamCut | None) -> ModelResponse:
+    def _recordable(self, body: bytes, cut: ProxyError | None) -> ModelResponse:
+        """The entry for this reply. Its bytes are always recorded: if reading facts out of
+        them fails (JSON past ``record.limits``, or anything else odd), the facts are left
+        empty rather than the reply unrecorded."""
+        try:
+            return self._response(body, cut)
+        except Exception as exc:
+            call = self.call
+            logger.warning(
+                "reply %s/%s recorded without facts: %s", call.session.id, call.request_seq, exc
+            )
+            return self._response_of(body, cut, facts=False)
+
+    def _response(self, body: bytes, cut: ProxyError | None) -> ModelResponse:
         entry = self._response_of(body, cut)
         call = self.call
         if call.replay_step is None or call.session.replay is None:
@@ -441,12 +500,18 @@ class _Pump:
         block = {**(entry.reproducibility or {}), VERDICT_KEY: cast(JsonValue, verdict)}
         return entry.model_copy(update={"reproducibility": block})
 
-    def _response_of(self, body: bytes, cut: UpstreamCut | None) -> ModelResponse:
+    def _response_of(
+        self, body: bytes, cut: ProxyError | None, *, facts: bool = True
+    ) -> ModelResponse:
         assert self.call.request_seq is not None
         seq, status = self.call.request_seq, self.reply.status
         if cut is not None:  # what arrived before the cut, kept as evidence
             kept = body or None
-            ids = self._with_tool_call_ids(None, body) if kept and 200 <= status < 300 else None
+            ids = (
+                self._with_tool_call_ids(None, body)
+                if facts and kept and 200 <= status < 300
+                else None
+            )
             return ModelResponse(
                 request_seq=seq,
                 outcome="UNKNOWN",
@@ -456,8 +521,8 @@ class _Pump:
                 reproducibility=ids,  # ids delivered before the cut, if any
             )
         if 200 <= status < 300:
-            fingerprint, block = reply_facts(body, self.reply.is_sse)
-            block = self._with_tool_call_ids(block, body)
+            fingerprint, block = reply_facts(body, self.reply.is_sse) if facts else (None, None)
+            block = self._with_tool_call_ids(block, body) if facts else None
             return ModelResponse(
                 request_seq=seq,
                 outcome="COMMITTED",
@@ -549,7 +614,9 @@ async def _annotated_json(call: Call, reply: Reply) -> AsyncIterator[bytes]:
 def annotation(call: Call, committed: Committed) -> dict[str, Any]:
     """What the client learns once its reply is durable (see ``docs/proxy.md``)."""
     appended = committed.appended
-    note = call.session.latest_checkpoint
+    # The note signed with the reply's own commit covers it; the session's newest one is a
+    # fallback for a reply the log did not write (reconstruct).
+    note = appended.checkpoint or call.session.latest_checkpoint
     pinned = call.pin_outcome if call.pin_outcome is not None else PinOutcome(call.request)
     mapping = call.tool_call_ids
     return {

@@ -26,9 +26,10 @@ from typing import Any, Literal
 
 from pydantic import JsonValue
 
-from egress_proxy.errors import MalformedBody
+from egress_proxy.errors import MalformedBody, PastLimit
 from egress_proxy.sse import Event, iter_events
 from record.digest import canonical_json, prompt_fields
+from record.limits import JsonRefused, OverLimit, check_counts, load_json
 
 #: Client headers passed upstream as they are (the credential is the proxy's own).
 FORWARDED_HEADERS = frozenset({"accept", "anthropic-beta", "openai-beta"})
@@ -93,7 +94,8 @@ class Dialect:
         if event.name is not None:
             return event.name in ends
         data = event.json()
-        return data is not None and data.get("type") in ends
+        kind = data.get("type") if data is not None else None
+        return isinstance(kind, str) and kind in ends  # a list is unhashable (found by fuzzing)
 
     def annotation_event(self, annotation: dict[str, Any], last: dict[str, Any] | None) -> bytes:
         """The proxy's own event, put just before the stream's terminating event.
@@ -147,39 +149,32 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise MalformedBody(f"the member {key!r} appears twice in one object")
-        result[key] = value
-    return result
-
-
-def _no_constant(name: str) -> Any:
-    raise MalformedBody(f"{name} is not JSON")
-
-
 def strict_json(raw: bytes) -> Any:
-    """Parse JSON as I-JSON (RFC 7493): no duplicate members, no NaN, UTF-8 only."""
+    """Parse JSON as I-JSON (RFC 7493: no duplicate members, no NaN, UTF-8 only) within
+    ``record.limits`` (nesting, number length), or ``MalformedBody`` saying why not."""
     try:
-        text = raw.decode("utf-8")
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except UnicodeDecodeError:
-        raise MalformedBody("the body is not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise MalformedBody(f"the body is not JSON: {exc}") from None
+        return load_json(raw, unique_keys=True)
+    except OverLimit as exc:
+        raise PastLimit(f"the body is past a limit: {exc}") from None
+    except JsonRefused as exc:
+        raise MalformedBody(f"the body is not I-JSON: {exc}") from None
 
 
 def parse_request(raw: bytes) -> dict[str, Any]:
-    """A request body as one I-JSON object, or ``MalformedBody`` saying why not.
+    """A request body as one I-JSON object within ``record.limits``, or ``MalformedBody``
+    saying why not.
 
     Duplicate members are refused because the upstream might read the other one; numbers
-    outside I-JSON because the record's canonical JSON cannot hold them.
+    outside I-JSON because the record's canonical JSON cannot hold them; anything past the
+    limits because every reader of the record must read back what was accepted.
     """
     value = strict_json(raw)
     if not isinstance(value, dict):
         raise MalformedBody(f"the body is a JSON {type(value).__name__}, not an object")
+    try:
+        check_counts(value)
+    except OverLimit as exc:
+        raise PastLimit(f"the body is past a limit: {exc}") from None
     try:
         canonical_json(value)
     except ValueError as exc:
@@ -200,8 +195,8 @@ def splice_member(body: bytes, name: str, value: Any) -> bytes | None:
     if end == 0 or body[end - 1 : end] != b"}":
         return None
     try:
-        parsed = json.loads(body)
-    except ValueError:
+        parsed = load_json(body)
+    except JsonRefused:  # past the limits too: relayed as it is, with no annotation
         return None
     if not isinstance(parsed, dict):
         return None

@@ -14,13 +14,16 @@ recorded is touched.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from egress_proxy.errors import ConfigError
-from record.errors import CannotOpen
+from record.errors import CannotOpen, RecordError
 from record.log import Log
 from record.reader import StreamKeys
-from record.schema import FetchResponse, ModelResponse, Strict, ToolResult, parse_entry
+from record.schema import Entry, FetchResponse, ModelResponse, Strict, ToolResult, parse_entry
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -51,30 +54,71 @@ _REQUESTS = ("model.request", "tool.call", "fetch.request")
 _ANSWERS = ("model.response", "tool.result", "fetch.response")
 
 
-def recover_unknown(log: Log) -> list[Recovered]:
+@dataclass(frozen=True)
+class Unreadable:
+    """An entry recovery could not read (written by an older proxy past today's limits, or
+    damaged): reported, left as it is, and never a reason not to start."""
+
+    stream: str
+    seq: int | None  # None: the stream's keys could not be collected at all
+    reason: str
+
+
+def recover_unknown(log: Log, unreadable: list[Unreadable] | None = None) -> list[Recovered]:
     """Append ``UNKNOWN`` for every unanswered request in the store; run before serving,
     while nothing else writes. Streams not sealed to the appliance key are skipped: the
-    writer could not append to them anyway."""
+    writer could not append to them anyway.
+
+    An entry that cannot be read is reported (logged, and added to ``unreadable`` when
+    given) and skipped. An unreadable *answer* may be the answer to any request before it,
+    so those requests get no ``UNKNOWN`` of their own; requests after it still do.
+    """
     if log.appliance_key is None:
         raise ConfigError("recovery needs the log opened with the appliance key")
+    found: list[Unreadable] = [] if unreadable is None else unreadable
     recovered: list[Recovered] = []
     for stream in log.store.streams():
-        entries = [parse_entry(stored.line) for stored in log.store.entries(stream)]
-        asked = [(e.seq, e.kind) for e in entries if e.kind in _REQUESTS]
-        if not asked:
-            continue
+        recovered += _recover_stream(log, stream, found)
+    for problem in found:
+        at = f"/{problem.seq}" if problem.seq is not None else ""
+        logger.warning("recovery skipped %s%s: %s", problem.stream, at, problem.reason)
+    return recovered
+
+
+def _recover_stream(log: Log, stream: str, unreadable: list[Unreadable]) -> list[Recovered]:
+    assert log.appliance_key is not None
+    entries: list[Entry] = []
+    for stored in log.store.entries(stream):
         try:
-            keys = StreamKeys.collect(stream, entries, log.appliance_key)
-        except CannotOpen:
-            continue
-        answered: set[int] = set()
-        for entry in entries:
-            if entry.kind in _ANSWERS:
+            entries.append(parse_entry(stored.line))
+        except (RecordError, ValueError) as exc:
+            unreadable.append(Unreadable(stream, stored.seq, f"entry: {exc}"))
+    asked = [(e.seq, e.kind) for e in entries if e.kind in _REQUESTS]
+    if not asked:
+        return []
+    try:
+        keys = StreamKeys.collect(stream, entries, log.appliance_key)
+    except CannotOpen:
+        return []  # not sealed to the appliance key: not this writer's to answer
+    except (RecordError, ValueError) as exc:
+        unreadable.append(Unreadable(stream, None, f"keys: {exc}"))
+        return []
+    answered: set[int] = set()
+    unread_answers = [s.seq for s in unreadable if s.stream == stream and s.seq is not None]
+    for entry in entries:
+        if entry.kind in _ANSWERS:
+            try:
                 seq = _answered_seq(keys.open(entry))
-                if seq is not None:
-                    answered.add(seq)
-        for seq, kind in asked:
-            if seq not in answered:
-                appended = log.append(stream, _unknown(kind, seq))
-                recovered.append(Recovered(stream, seq, appended.seq, kind))
+            except (RecordError, ValueError) as exc:
+                unreadable.append(Unreadable(stream, entry.seq, f"{entry.kind}: {exc}"))
+                unread_answers.append(entry.seq)
+                continue
+            if seq is not None:
+                answered.add(seq)
+    horizon = max(unread_answers, default=-1)  # an unreadable entry may answer any before it
+    recovered: list[Recovered] = []
+    for seq, kind in asked:
+        if seq not in answered and seq > horizon:
+            appended = log.append(stream, _unknown(kind, seq))
+            recovered.append(Recovered(stream, seq, appended.seq, kind))
     return recovered

@@ -11,6 +11,7 @@ reach a tool transport; model calls go to the engine, and each step gets a verdi
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,37 @@ class ReplayPlan:
             }
             self.verdicts.append(result)
         return result
+
+    def catch_up(self, bodies: Sequence[tuple[int, Strict]]) -> None:
+        """After a restart: take up where the armed session's own stream shows the plan was.
+
+        ``bodies`` are the session's opened entries (its ``model.request``, ``model.response``,
+        ``tool.result`` and ``fetch.response`` at least): each model request sent under the
+        plan took one step, each verdict is in its reply, and each tool result or fetch
+        answer served from the plan names the recorded one (``replayed_from``)."""
+        by_reply = {
+            call.reply_seq: call
+            for call in self.transport.index.calls
+            if call.kind in ("tool", "fetch") and call.reply_seq is not None
+        }
+        with self._lock:
+            for _, body in bodies:
+                if isinstance(body, ModelRequest) and body.request_bytes:  # not a refusal
+                    self.position = min(self.position + 1, len(self.steps))
+                elif isinstance(body, ModelResponse):
+                    verdict = (body.reproducibility or {}).get(VERDICT_KEY)
+                    if isinstance(verdict, dict):
+                        self.verdicts.append(verdict)
+                elif (
+                    isinstance(body, ToolResult | FetchResponse) and body.replayed_from is not None
+                ):
+                    served = by_reply.get(body.replayed_from)
+                    if served is not None:
+                        index = self.transport.index
+                        index.take(
+                            served.kind, served.server, served.name, served.digest, served.request
+                        )
+                        self.tools_replayed += 1
 
     def summary(self) -> dict[str, Any]:
         with self._lock:

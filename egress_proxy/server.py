@@ -2,8 +2,11 @@
 
 It binds the socket first (port 0 picks a free one), so the session registry knows the
 proxy's URL before the first session opens; recovers calls a previous run left without a
-reply (``recover_unknown``) before it serves; and on ``stop`` lets uvicorn's shutdown drain
-replies still being read, so they are committed. With ``control_socket`` it also serves the
+reply (``recover_unknown``) and, with a session book (``sessions``), restores the sessions a
+previous run opened (``SessionRegistry.restore``) before it serves; and on ``stop`` lets
+uvicorn's shutdown drain replies still being read, so they are committed. Bound to the port
+the previous run had, a restarted proxy serves every restored session at its old
+``base_url`` with its old token. With ``control_socket`` it also serves the
 gRPC control plane (``control.ControlPlane``) on that Unix socket while it runs. The CLI
 (``affidavit proxy serve``) will wrap this later.
 """
@@ -24,7 +27,8 @@ from egress_proxy.clock import Clock
 from egress_proxy.config import ProxyConfig
 from egress_proxy.control import ControlPlane
 from egress_proxy.recovery import Recovered, recover_unknown
-from egress_proxy.sessions import SessionRegistry
+from egress_proxy.session_book import SessionBook
+from egress_proxy.sessions import Restored, SessionRegistry
 from egress_proxy.transports.base import Transport
 from record.log import Log
 
@@ -40,6 +44,7 @@ class ProxyServer:
         port: int | None = None,
         clock: Clock | None = None,
         control_socket: Path | str | None = None,
+        sessions: Path | str | None = None,
     ) -> None:
         host = config.listen.host
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -48,11 +53,16 @@ class ProxyServer:
         # Accepted connections inherit this: without it Nagle's algorithm holds small replies
         # back ~40 ms on loopback, dwarfing the two durable commits that are our real floor.
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.bind((host, config.listen.port if port is None else port))
+        try:
+            self._sock.bind((host, config.listen.port if port is None else port))
+        except OSError:
+            self._sock.close()
+            raise
         self.port: int = self._sock.getsockname()[1]
         self.url = f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
         self.log = log
-        self.registry = SessionRegistry(log, self.url)
+        self.book = SessionBook(sessions) if sessions is not None else None
+        self.registry = SessionRegistry(log, self.url, self.book)
         self.app = create_app(
             config, log, registry=self.registry, transport=transport, env=env, clock=clock
         )
@@ -61,10 +71,12 @@ class ProxyServer:
         )
         self._thread: threading.Thread | None = None
         self.recovered: list[Recovered] = []
+        self.restored = Restored([], {})
         self.control = ControlPlane(self.registry, control_socket) if control_socket else None
 
     def start(self, timeout: float = 10.0) -> ProxyServer:
         self.recovered = recover_unknown(self.log)
+        self.restored = self.registry.restore()
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -86,6 +98,8 @@ class ProxyServer:
             self._thread.join(timeout)
             self._thread = None
         self._sock.close()
+        if self.book is not None:
+            self.book.close()
 
     def __enter__(self) -> ProxyServer:
         return self.start()

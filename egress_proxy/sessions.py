@@ -11,8 +11,14 @@ touches comes after it in the stream. ``pins`` explains what a pin means to each
 
 Only a SHA-256 of each token is kept, compared in constant time; an unknown session and a
 wrong token get the same answer, so the data plane is no oracle for which sessions exist.
-Sessions live in memory: after a restart their streams stay in the record, but their tokens
-are gone and clients must open new sessions.
+
+Sessions survive a restart. With a ``SessionBook`` (``session_book``) the registry notes each
+session's token digest when it opens and its replay plan when it is armed; everything else
+a session is, the record already says. ``restore`` rebuilds every noted session before the
+proxy serves: labels from ``stream.opened``, pins from the last ``pins.set``, the tool-call
+id mapping from the ``model.response`` entries, the newest checkpoint from the store, and an
+armed plan read again and moved on past the steps the stream shows it served. The same
+``base_url`` and token then keep working.
 """
 
 from __future__ import annotations
@@ -29,10 +35,14 @@ import uuid6
 from pydantic import JsonValue
 
 from egress_proxy.clock import Clock
-from egress_proxy.errors import Unauthorized
+from egress_proxy.errors import ConfigError, Unauthorized
 from egress_proxy.pins import PINNABLE, pins_entry, validate_pins
-from egress_proxy.tool_ids import ToolIdTable
+from egress_proxy.session_book import Armed, BookedSession, SessionBook
+from egress_proxy.tool_ids import RECORD_KEY, ToolIdTable
+from record.errors import CannotOpen, RecordError
 from record.log import Appended, Log
+from record.reader import StreamKeys
+from record.schema import ModelResponse, PinsSet, StreamOpened, parse_entry
 from record.seal import KeyPair, RecipientKey
 
 if TYPE_CHECKING:
@@ -42,6 +52,7 @@ __all__ = [
     "PINNABLE",
     "REPLAYS_LABEL",
     "OpenedSession",
+    "Restored",
     "Session",
     "SessionRegistry",
     "token_from_headers",
@@ -89,6 +100,14 @@ class Session:
                 self.latest_checkpoint = appended.checkpoint
 
 
+@dataclass(frozen=True)
+class Restored:
+    """What ``SessionRegistry.restore`` did: the sessions back, and each one left out, why."""
+
+    sessions: list[str]
+    left_out: dict[str, str]
+
+
 def _token_digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
@@ -110,9 +129,10 @@ def token_from_headers(headers: Mapping[str, str]) -> str | None:
 class SessionRegistry:
     """Open sessions and authenticate data-plane requests against them (thread-safe)."""
 
-    def __init__(self, log: Log, base_url: str = "") -> None:
+    def __init__(self, log: Log, base_url: str = "", book: SessionBook | None = None) -> None:
         self.log = log
         self.base_url = base_url.rstrip("/")  # the data plane's root, set once it listens
+        self.book = book  # where sessions are noted to survive a restart (None: memory only)
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._pins_lock = threading.Lock()  # one pins.set at a time: record order = effect order
@@ -125,8 +145,9 @@ class SessionRegistry:
     ) -> OpenedSession:
         """Open a stream sealed to ``recipients`` (and the appliance key) and issue a token.
 
-        Blocks until ``stream.opened`` (and ``pins.set``, when pinned) are durable. Bad pins
-        are a ``ValueError`` naming the pin, raised before anything is recorded.
+        Blocks until ``stream.opened`` (and ``pins.set``, when pinned) are durable, and the
+        token's digest is in the session book. Bad pins are a ``ValueError`` naming the pin,
+        raised before anything is recorded.
         """
         checked = validate_pins(pins) if pins else None
         session_id = str(uuid6.uuid7())
@@ -137,6 +158,8 @@ class SessionRegistry:
             session.noted(self.log.append(session_id, pins_entry(checked)))
         token = secrets.token_urlsafe(32)
         session.token_digest = _token_digest(token)
+        if self.book is not None:
+            self.book.add(session_id, session.token_digest)
         with self._lock:
             self._sessions[session_id] = session
         return OpenedSession(session_id, token, f"{self.base_url}/s/{session_id}")
@@ -211,8 +234,65 @@ class SessionRegistry:
         with self._pins_lock:
             if target.replay is not None:
                 raise ValueError(f"session {target.id} is already armed")
+            if self.book is not None:
+                self.book.arm(target.id, Armed(replays, turn, plan.pins_override))
             target.replay = plan
         return target, opened
+
+    def restore(self) -> Restored:
+        """Rebuild every session the book notes, from the book and the record; run before
+        serving. A session whose stream is gone or cannot be opened with the appliance key is
+        left out (named, with why), never half restored."""
+        if self.book is None:
+            return Restored([], {})
+        if self.log.appliance_key is None:
+            raise ConfigError("restoring sessions needs the log opened with the appliance key")
+        back: list[str] = []
+        left_out: dict[str, str] = {}
+        for booked in self.book.sessions():
+            try:
+                session = self._rebuilt(booked, self.log.appliance_key)
+            except (CannotOpen, RecordError, KeyError, ValueError) as exc:
+                left_out[booked.id] = f"{type(exc).__name__}: {exc}"
+                continue
+            with self._lock:
+                self._sessions[session.id] = session
+            back.append(session.id)
+        return Restored(back, left_out)
+
+    def _rebuilt(self, booked: BookedSession, key: KeyPair) -> Session:
+        """One session as its record and its book row say it was."""
+        from egress_proxy.replay_plan import load_plan
+
+        store = self.log.store
+        entries = [parse_entry(stored.line) for stored in store.entries(booked.id)]
+        if not entries or entries[0].kind != "stream.opened":
+            raise KeyError(f"the record holds no stream {booked.id!r}")
+        keys = StreamKeys.collect(booked.id, entries, key)
+        opened = keys.open(entries[0])
+        assert isinstance(opened, StreamOpened)
+        session = Session(booked.id, booked.token_digest, dict(opened.labels))
+        wanted = {"pins.set", "model.response"}
+        if booked.armed is not None:  # the plan's place: steps asked, results served
+            wanted |= {"model.request", "tool.result", "fetch.response"}
+        bodies = [(e.seq, keys.open(e)) for e in entries if e.kind in wanted]
+        for _, body in bodies:
+            if isinstance(body, PinsSet):
+                session.pins = dict(body.pins) or None
+            elif isinstance(body, ModelResponse):
+                pairs = (body.reproducibility or {}).get(RECORD_KEY)
+                for pair in pairs if isinstance(pairs, list) else []:
+                    if isinstance(pair, dict):
+                        session.tool_ids.add(str(pair["derived"]), str(pair["upstream"]))
+        checkpoints = store.checkpoints(booked.id)
+        session.latest_checkpoint = checkpoints[-1].note if checkpoints else None
+        if booked.armed is not None:
+            armed = booked.armed
+            plan = load_plan(self.log, armed.source, key, armed.turn)
+            plan.pins_override = armed.pins_override
+            plan.catch_up(bodies)
+            session.replay = plan
+        return session
 
 
 def _with_appliance(recipients: Iterable[RecipientKey], log: Log) -> Iterable[RecipientKey]:

@@ -13,11 +13,12 @@ the end) shows whether an LF follows it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from record.limits import JsonRefused, load_json
 
 _TERMINATOR = re.compile(rb"\r\n|\r|\n")
 
@@ -31,12 +32,13 @@ class Event:
     data: str | None  # ``data:`` lines joined by LF; None when there is none
 
     def json(self) -> dict[str, Any] | None:
-        """The data as a JSON object, or None (``[DONE]``, a comment, not JSON)."""
+        """The data as a JSON object, or None (``[DONE]``, a comment, not JSON, or JSON past
+        ``record.limits``: whoever reads it gets no facts, and the bytes stay as they are)."""
         if self.data is None:
             return None
         try:
-            value = json.loads(self.data)
-        except ValueError:
+            value = load_json(self.data)
+        except JsonRefused:
             return None
         return value if isinstance(value, dict) else None
 

@@ -22,7 +22,7 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, IPvAnyNetwork, field_validator
 
 from egress_proxy.errors import ConfigMissing
 
@@ -114,13 +114,20 @@ McpServers = Annotated[dict[str, McpServerConfig], AfterValidator(_server_names)
 
 
 class FetchConfig(_Model):
-    """The ``/s/{session}/v1/fetch`` endpoint; off unless ``enabled``."""
+    """The ``/s/{session}/v1/fetch`` endpoint; off unless ``enabled``.
+
+    ``allow`` and ``deny`` are IP networks (``"127.0.0.1/32"``, ``"fd00::/8"``; a bare address
+    is its own network): ``allow`` opens addresses the fetch rule refuses by default (loopback,
+    private, link-local …: ``egress_proxy.fetch_guard``), ``deny`` closes any, and wins.
+    """
 
     enabled: bool = False
     max_response_bytes: int = Field(16 * 1024 * 1024, gt=0, le=256 * 1024 * 1024)
     timeout_s: float = Field(60.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
     user_agent: str = Field("affidavit-proxy", min_length=1, pattern=r"[\x21-\x7e][\x20-\x7e]*")
+    allow: tuple[IPvAnyNetwork, ...] = ()
+    deny: tuple[IPvAnyNetwork, ...] = ()
 
 
 _VARIABLE_RE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}")

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from egress_proxy.sse import EventSplitter, iter_events, parse_event
 from record.digest import tool_call_id
+from record.limits import JsonRefused, load_json
 
 #: The ``reproducibility`` key of ``model.response`` that holds a reply's mapping.
 RECORD_KEY = "affidavit_tool_call_ids"
@@ -126,8 +127,8 @@ class Deriver:
     def rewrite_json(self, body: bytes) -> bytes:
         """A non-streamed reply with its ids replaced."""
         try:
-            obj = json.loads(body)
-        except ValueError:
+            obj = load_json(body)
+        except JsonRefused:  # not JSON, or past the limits: relayed as it came
             return body
         table, wanted = self._table(obj)
         if not table:
@@ -193,8 +194,8 @@ def _objects(body: bytes, streamed: bool) -> Iterable[Any]:
     if streamed:
         return (event.json() for event in iter_events(body))
     try:
-        return [json.loads(body)]
-    except ValueError:
+        return [load_json(body)]
+    except JsonRefused:
         return []
 
 
@@ -246,8 +247,8 @@ def _previous_byte(raw: bytes, at: int) -> int | None:
 
 def _json_ids(dialect: DialectName, raw: bytes) -> list[str] | None:
     try:
-        return ids_in(dialect, json.loads(raw))
-    except ValueError:
+        return ids_in(dialect, load_json(raw))
+    except JsonRefused:
         return None
 
 

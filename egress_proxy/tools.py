@@ -24,7 +24,6 @@ caller reach the tool. This module dials nothing and imports no web framework.
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from egress_proxy.sse import iter_events
 from egress_proxy.tool_ids import RECORD_KEY
 from record.digest import Domain, digest
 from record.errors import CannotOpen
+from record.limits import JsonRefused, load_json
 from record.log import Appended, Log
 from record.reader import StreamKeys
 from record.schema import CLEAR_KINDS, ModelResponse, Strict, ToolCall, ToolResult
@@ -57,12 +57,18 @@ class NamedReply:
     call_id: str
 
 
+#: No record holds a seq this high; a larger one (past SQLite's integers) names no reply.
+MAX_SEQ = 2**53
+
+
 def named_reply(meta: object) -> NamedReply | None:
     """The reply a request's ``_meta`` names, or None when it names none (or not clearly)."""
     if not isinstance(meta, Mapping):
         return None
     seq, call_id = meta.get(META_REPLY_SEQ), meta.get(META_CALL_ID)
-    if type(seq) is not int or seq < 0 or not isinstance(call_id, str) or not call_id:
+    if type(seq) is not int or not 0 <= seq < MAX_SEQ or not isinstance(call_id, str):
+        return None
+    if not call_id:
         return None
     return NamedReply(seq, call_id)
 
@@ -85,8 +91,8 @@ def tool_call_ids(body: bytes) -> list[str]:
     ``tool_use`` blocks (``content``, or ``content_block_start`` events), JSON or SSE.
     """
     try:
-        objects: list[Any] = [json.loads(body)]
-    except ValueError:
+        objects: list[Any] = [load_json(body)]
+    except JsonRefused:
         objects = [event.json() for event in iter_events(body)]
     ids: list[str] = []
     for obj in objects:
@@ -297,6 +303,9 @@ class ToolCalls:
             self._fold(stream, ledger)
             reply_seq = ask.named.reply_seq if ask.named is not None else ledger.latest_reply
             reply = self.index.reply(stream, reply_seq) if reply_seq is not None else None
+            found = (
+                None if reply is not None or reply_seq is None else self._found(stream, reply_seq)
+            )
             return pick(
                 reply.calls if reply is not None else None,
                 reply_seq,
@@ -306,7 +315,15 @@ class ToolCalls:
                 call_id=ask.named.call_id if ask.named is not None else None,
                 ledger=ledger,
                 claim=claim,
+                found=found,
             )
+
+    def _found(self, stream: str, seq: int) -> str:
+        """What entry ``seq`` is, for a refusal: why it is no committed reply."""
+        body = self.index.open(stream, seq)
+        if isinstance(body, ModelResponse):
+            return f"a model reply recorded {body.outcome}"
+        return "no sealed entry" if body is None else f"a {getattr(body, 'kind', '?')} entry"
 
     def _release(self, stream: str, ask: ToolAsk, admitted: Admitted) -> None:
         ledger = self._refreshed(stream)

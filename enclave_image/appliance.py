@@ -3,14 +3,17 @@
 In order, one console line per step (``docs/image.md``, "The full profile's guest"):
 
 1. **Network rules**: ``egress_proxy.netrules.render`` with ``proxy_uid``: only the proxy's uid
-   may open a connection that leaves the machine. ``affidavit.probe=HOST:PORT`` proves it.
+   may open a connection that leaves the machine, or reach the engine over loopback (root
+   too, for the health checks); every other uid, the harness's among them, reaches only the
+   proxy's port and is refused elsewhere. ``affidavit.probe=HOST:PORT`` proves the first.
 2. **State disk**: the key from ``affidavit.keysource`` (``snp``: derived by the AMD-SP;
    ``test-insecure``: a fixed key, loudly), LUKS2 formatted at first boot, mounted.
 3. **Keys**: the sealing key and the log signing key, born here at first boot and kept on the
    state disk; ``report_data`` binds their public halves; an SNP report carries it.
 4. **Services**: engine, proxy and harness panel, each under its own uid, supervised; the
    engine serves what the model disk's ``model.json`` names (the release model, or a test
-   build's tiny one, said loudly).
+   build's tiny one, said loudly), and answers only the token born at this boot, which only
+   the engine's and the proxy's uids can read.
 5. **Timer**: ``affidavit diverge`` as the harness every 7 days.
 6. **Health**: one ``affidavit-appliance ready …`` line once all three answer; an optional
    self-test turn; then supervision until SIGTERM/SIGUSR2/the power button, a clean stop
@@ -41,10 +44,14 @@ from datetime import timedelta
 from functools import cached_property
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from enclave_image.appliance_disk import DiskError, StateDisk
 from enclave_image.appliance_supervise import Service, Supervisor, WeeklyTimer
 from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_key, snp_report
+
+if TYPE_CHECKING:
+    from egress_proxy.netrules import HarnessRules
 
 __all__ = [
     "BootOptions",
@@ -53,6 +60,7 @@ __all__ = [
     "ModelDisk",
     "Refused",
     "StartError",
+    "guest_rules",
     "main",
     "network_rules",
     "parse_cmdline",
@@ -62,6 +70,7 @@ __all__ = [
     "ready_line",
     "run_appliance",
     "services",
+    "write_engine_token",
 ]
 
 Say = Callable[[str], None]
@@ -157,6 +166,11 @@ class GuestLayout:
     def control_socket(self) -> Path:
         return self.run_dir / "proxy" / "control.sock"
 
+    def token_file(self, service: str) -> Path:
+        """``service``'s copy (``engine`` or ``proxy``) of the engine's token, in its own
+        0700 folder."""
+        return self.run_dir / "home" / service / "engine.token"
+
     def url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
 
@@ -243,22 +257,38 @@ def probe_connect(
     return lines[-1] if lines else f"exit {done.returncode}"
 
 
-def network_rules(layout: GuestLayout, probe: tuple[str, int] | None, say: Say) -> None:
-    """Load the ruleset (only the proxy's uid may leave the machine); prove it on ``probe``."""
-    from egress_proxy.netrules import TABLE, HarnessRules, render
+def guest_rules(layout: GuestLayout) -> HarnessRules:
+    """The guest's ruleset: only the proxy's uid leaves the machine or passes loopback's proxy
+    port (root too on loopback: PID 1's health checks); the others are refused there."""
+    from egress_proxy.netrules import HarnessRules
 
-    rules = HarnessRules(
+    return HarnessRules(
         proxy_address=IPv4Address("127.0.0.1"),
         proxy_ports=(layout.proxy_port,),
         api_port=layout.harness_port,
         proxy_uid=layout.proxy_uid,
+        loopback_uids=(0,),
     )
+
+
+def network_rules(layout: GuestLayout, probe: tuple[str, int] | None, say: Say) -> None:
+    """Load the ruleset (only the proxy's uid may leave the machine); prove it on ``probe``."""
+    from egress_proxy.netrules import TABLE, render
+
     done = subprocess.run(
-        [layout.nft, "-f", "-"], input=render(rules), capture_output=True, text=True, check=False
+        [layout.nft, "-f", "-"],
+        input=render(guest_rules(layout)),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         raise StartError(f"nft -f - exited {done.returncode}: {done.stderr.strip()}")
     say(f"netrules: loaded table inet {TABLE}: only uid {layout.proxy_uid} may leave the machine")
+    say(
+        f"netrules: loopback: uids {layout.proxy_uid} and 0 reach every port, any other uid"
+        f" only {layout.proxy_port} (the rest refused)"
+    )
     if probe is None:
         return
     host, port = probe
@@ -345,6 +375,18 @@ def prepare_keys(layout: GuestLayout) -> Keys:
     return Keys(signer.vkey(), recipient.text(), raw, created)
 
 
+def write_engine_token(layout: GuestLayout) -> str:
+    """A new engine token for this boot, one copy for the engine and one for the proxy, each
+    0600 in its owner's 0700 folder: no other uid (the harness's) can read it."""
+    from inference.engine_token import new_token, write_token_file
+
+    token = new_token()
+    for service, uid in (("engine", layout.engine_uid), ("proxy", layout.proxy_uid)):
+        path = write_token_file(layout.token_file(service), token)
+        _own(path, uid, uid, 0o600, layout)
+    return token
+
+
 def write_appliance_json(layout: GuestLayout) -> None:
     """``appliance.json`` in the harness's Home: where the proxy, its control socket and the
     record are (the harness commands and the panel read it)."""
@@ -401,14 +443,15 @@ def services(layout: GuestLayout) -> dict[str, Service]:
             layout, "engine", e, e,
             [*cli, "engine", "serve", "--model", str(layout.model.path), "--host", "127.0.0.1",
              "--port", str(layout.engine_port), "--model-name", layout.model.name,
-             "--log-level", "warning"],
+             "--token-file", str(layout.token_file("engine")), "--log-level", "warning"],
             0o077,
         ),
         "proxy": _service(
             layout, "proxy", p, h,  # gid: new record files are the harness's group to read
             [layout.python, "-m", "enclave_image.appliance_proxy", "--record",
              str(layout.record_dir), "--control", str(layout.control_socket), "--port",
-             str(layout.proxy_port), "--engine", layout.url(layout.engine_port)],
+             str(layout.proxy_port), "--engine", layout.url(layout.engine_port),
+             "--engine-token-file", str(layout.token_file("proxy"))],
             0o027,
         ),
         "harness": _service(
@@ -420,10 +463,14 @@ def services(layout: GuestLayout) -> dict[str, Service]:
     }  # fmt: skip
 
 
-def answers(url: str, *, any_status: bool = False) -> bool:
-    """Whether ``url`` answers 200 (``any_status``: any HTTP answer at all)."""
+def answers(url: str, *, any_status: bool = False, token: str | None = None) -> bool:
+    """Whether ``url`` answers 200 (``any_status``: any HTTP answer at all); ``token``: sent
+    as the Bearer credential (the engine's)."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
     try:
-        with urllib.request.urlopen(url, timeout=5) as reply:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=5
+        ) as reply:
             return bool(reply.status == 200)
     except urllib.error.HTTPError:
         return any_status
@@ -432,11 +479,17 @@ def answers(url: str, *, any_status: bool = False) -> bool:
 
 
 def wait_for(
-    name: str, url: str, timeout: float, stop: threading.Event, *, any_status: bool = False
+    name: str,
+    url: str,
+    timeout: float,
+    stop: threading.Event,
+    *,
+    any_status: bool = False,
+    token: str | None = None,
 ) -> float:
     """Seconds until ``url`` answered; ``StartError`` at ``timeout`` or when stopping."""
     start = time.monotonic()
-    while not answers(url, any_status=any_status):
+    while not answers(url, any_status=any_status, token=token):
         if time.monotonic() - start > timeout:
             raise StartError(f"{name} did not answer {url} within {timeout:.0f} s")
         if stop.wait(0.5):
@@ -548,6 +601,7 @@ def run_appliance(
             f" (test model {model.test_model}), NOT the release's model"
         )
     write_appliance_json(layout)
+    token = write_engine_token(layout)
     specs = services(layout)
     sup = Supervisor(say, reap_all=os.getpid() == 1)
     sup.start_reaper()
@@ -586,6 +640,7 @@ def run_appliance(
             layout.url(layout.engine_port) + "/v1/models",
             layout.engine_start_timeout,
             stop,
+            token=token,
         )
         say(f"health: engine answers /v1/models ({took:.0f} s)")
         say(ready_line(layout, first_boot, data))

@@ -6,6 +6,10 @@ fetch endpoint) over the record on the state disk, with the engine as its one pr
 keys are not made here: the appliance made them at first boot (``appliance.key`` and
 ``record.db.signing-key`` in ``--record``), and a missing key is an error, never a new key.
 
+The engine answers only its token (``--engine-token-file``: the proxy's copy, which the
+appliance writes at each boot); the proxy sends it as the provider's key (``api_key_file``),
+on both mounted APIs.
+
 The control socket is made group-writable (0660): the harness's uid, in the record folder's
 group, must reach it; no one else can (the folder is 0750).
 """
@@ -24,13 +28,15 @@ __all__ = ["main", "proxy_config"]
 ROUTE = "/v1/chat/completions"
 
 
-def proxy_config(port: int, engine_url: str) -> dict[str, object]:
-    """The proxy's config: loopback data plane, the engine behind it, fetch on."""
+def proxy_config(port: int, engine_url: str, token_file: Path | None = None) -> dict[str, object]:
+    """The proxy's config: loopback data plane, the engine behind it (its token read from
+    ``token_file``), fetch on."""
+    model: dict[str, object] = {"api": "openai", "base_url": engine_url, "engine_extensions": True}
+    if token_file is not None:
+        model["api_key_file"] = str(token_file)
     return {
         "listen": {"host": "127.0.0.1", "port": port},
-        "providers": {
-            "model": {"api": "openai", "base_url": engine_url, "engine_extensions": True}
-        },
+        "providers": {"model": model},
         "mounts": {ROUTE: "model"},
         "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
     }
@@ -42,9 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", type=Path, required=True, help="the control socket")
     parser.add_argument("--port", type=int, default=8700)
     parser.add_argument("--engine", default="http://127.0.0.1:8000", help="the provider's URL")
+    parser.add_argument(
+        "--engine-token-file", type=Path, help="the engine's token (a file of mode 0600)"
+    )
     args = parser.parse_args(argv)
 
-    from egress_proxy.config import parse_config
+    from egress_proxy.config import api_keys, parse_config
+    from egress_proxy.errors import ConfigError
     from egress_proxy.server import ProxyServer
     from record.log import Log
     from record.seal import KeyPair
@@ -59,7 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     args.control.unlink(missing_ok=True)  # a socket left by a killed run
-    config = parse_config(proxy_config(args.port, args.engine))
+    config = parse_config(proxy_config(args.port, args.engine, args.engine_token_file))
+    try:
+        api_keys(config)  # the engine's token: readable, and only by this uid
+    except ConfigError as exc:
+        print(f"proxy: {exc}", flush=True)
+        return exc.exit_code
     with (
         Log.open(
             args.record / "record.db", signing_key=signing, appliance_key=KeyPair.read(key_file)

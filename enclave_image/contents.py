@@ -125,6 +125,7 @@ FULL_MODULES = (
     "nf_tables",
     "nft_ct",
     "nf_conntrack",
+    "nft_reject_inet",  # loopback's refusals (TCP reset) for every uid but the proxy's
     # the ACPI power button as /dev/input/event*: a VMM's shutdown stops the appliance cleanly
     "button",
     "evdev",

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from harness.model_api import ApiError, Completion, ModelApi
 from harness.prompt import opening_messages
 from harness.tools import ReplayMissed, Toolbox, ToolCallFailed, ToolOutput, ToolSpec
+from record.limits import JsonRefused, load_json
 
 __all__ = [
     "Agent",
@@ -186,8 +187,8 @@ class Agent:
         if spec is None:
             return ToolOutput(f"there is no tool named {name!r}", "FAILED")
         try:
-            parsed = json.loads(arguments or "{}")
-        except ValueError:
+            parsed = load_json(arguments or "{}")
+        except JsonRefused:
             return ToolOutput(f"the arguments are not JSON: {arguments[:80]!r}", "FAILED")
         if not isinstance(parsed, dict):
             return ToolOutput("the arguments must be a JSON object", "FAILED")

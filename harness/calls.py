@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from record.digest import Domain, digest
+from record.limits import JsonRefused, load_json
 from record.schema import ModelRequest, ModelResponse, Strict, TurnStarted
 from record.seal import KeyPair
 
@@ -289,8 +290,8 @@ def _annotation(data: bytes, streamed: bool) -> dict[str, Any] | None:
     ``choices: []``, or an Anthropic / Responses ``event: affidavit``."""
     if not streamed:
         try:
-            doc = json.loads(data)
-        except ValueError:
+            doc = load_json(data)
+        except JsonRefused:  # past the limits: the proxy spliced no annotation into it
             return None
         note = doc.get("affidavit") if isinstance(doc, dict) else None
         return note if isinstance(note, dict) else None

@@ -139,6 +139,15 @@ def register(app: typer.Typer) -> None:
         search_url: Annotated[
             str | None, typer.Option(help="web_search's endpoint, {query} replaced")
         ] = None,
+        fetch_allow: Annotated[
+            list[str] | None,
+            typer.Option(
+                "--fetch-allow",
+                metavar="NETWORK",
+                help="an IP network fetches may reach although refused by default "
+                "(loopback, private, link-local …), e.g. 127.0.0.1/32; repeatable",
+            ),
+        ] = None,
         mcp_config: Annotated[
             Path | None,
             typer.Option(
@@ -160,6 +169,8 @@ def register(app: typer.Typer) -> None:
                 "give --provider-url and --model-name together", param_hint="--provider-url"
             )
         options: dict[str, Any] = {"engine": model, "search_url": search_url}
+        if fetch_allow:
+            options["fetch_allow"] = tuple(fetch_allow)
         if mcp_config is not None:
             from egress_proxy.errors import ConfigError
 

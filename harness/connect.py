@@ -5,7 +5,9 @@ an agent framework, an MCP client. ``affidavit session new`` prints this, as tex
 (``--json``) or as shell lines to ``eval`` (``--env``: the variables the official SDKs
 read, so ``eval "$(affidavit session new --env)"`` points them at the session). The token
 is the session's bearer credential: it is printed to the person who opened the session and
-never recorded.
+never recorded. It outlives the appliance's process: after ``affidavit up`` restarts (even
+after a SIGKILL) the proxy takes the same port and restores its sessions, so these URLs and
+this token keep working.
 """
 
 from __future__ import annotations

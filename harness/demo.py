@@ -119,7 +119,10 @@ def _demo(home_dir: Path, report_path: Path) -> int:
     with (
         _serve(web) as web_url,
         running_appliance(
-            home, search_url=web_url + "/search?q={query}", progress=lambda s: _say(f"  … {s}")
+            home,
+            search_url=web_url + "/search?q={query}",
+            fetch_allow=("127.0.0.1/32",),  # the demo's web is on loopback: allow-listed
+            progress=lambda s: _say(f"  … {s}"),
         ) as up,
     ):
         a = up.appliance

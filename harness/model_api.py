@@ -12,13 +12,13 @@ result; Anthropic: one ``user`` message holding every ``tool_result`` block).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from harness import prompt
 from harness.tools import ToolOutput, ToolSpec
+from record.limits import JsonRefused, load_json
 
 __all__ = [
     "API_NAMES",
@@ -184,8 +184,8 @@ class AnthropicMessages:
             blocks.append({"type": "text", "text": done.content})
         for call_id, name, arguments in done.tool_calls:
             try:
-                given = json.loads(arguments or "{}")
-            except ValueError:
+                given = load_json(arguments or "{}")
+            except JsonRefused:
                 given = {}
             blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": given})
         messages: list[dict[str, Any]] = [{"role": "assistant", "content": blocks}]

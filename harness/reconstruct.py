@@ -46,7 +46,7 @@ from harness.tools import (
     catalogue_from_request,
     fetch_body,
     fetch_text,
-    mcp_text,
+    recorded_output,
 )
 from record.schema import ModelRequest, Strict, ToolCall, ToolResult, TurnEnded, TurnStarted
 from record.seal import KeyPair
@@ -144,10 +144,7 @@ class RecordToolbox:
         result = recorded.reply
         if not isinstance(result, ToolResult) or result.outcome == "UNKNOWN":
             raise ToolCallFailed(f"{spec.name}: the record holds no outcome (seq {recorded.seq})")
-        if result.outcome == "COMMITTED" and result.result_bytes is not None:
-            return ToolOutput(mcp_text(json.loads(result.result_bytes)), "COMMITTED")
-        error = json.loads(result.error_bytes or b"{}")
-        return ToolOutput(f"tool error: {error.get('message', '')}"[:1200], "FAILED")
+        return recorded_output(result)
 
 
 def turn_setup(

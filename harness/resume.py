@@ -45,7 +45,7 @@ from harness.tools import (
     ToolSpec,
     fetch_body,
     fetch_text,
-    mcp_text,
+    recorded_output,
 )
 from record.schema import (
     FetchRequest,
@@ -179,10 +179,7 @@ class _ResumeToolbox:
             )
         if result is not None and result.outcome != "UNKNOWN":
             self.served += 1
-            if result.outcome == "COMMITTED" and result.result_bytes is not None:
-                return ToolOutput(mcp_text(json.loads(result.result_bytes)), "COMMITTED")
-            error = json.loads(result.error_bytes or b"{}")
-            return ToolOutput(f"tool error: {error.get('message', '')}"[:1200], "FAILED")
+            return recorded_output(result)
         decision = self.decisions.get(seq)
         if decision == "skip":
             return ToolOutput(

@@ -27,6 +27,9 @@ from urllib.parse import quote
 
 import httpx
 
+from record.limits import JsonRefused, load_json
+from record.schema import ToolResult
+
 __all__ = [
     "BUILTIN",
     "ProxyToolbox",
@@ -39,6 +42,7 @@ __all__ = [
     "fetch_body",
     "fetch_text",
     "mcp_text",
+    "recorded_output",
 ]
 
 #: Longest tool text handed to the model (the rest is cut, and the cut is said).
@@ -147,8 +151,8 @@ def fetch_body(spec: ToolSpec, arguments: Mapping[str, Any], search_url: str | N
 def fetch_text(status: int, answer: bytes) -> ToolOutput:
     """The model's view of a fetch endpoint answer (live or from the record)."""
     try:
-        parsed = json.loads(answer)
-    except ValueError:
+        parsed = load_json(answer)
+    except JsonRefused:
         parsed = None
     if status != 200 or not isinstance(parsed, dict) or "body" not in parsed:
         code = ""
@@ -174,6 +178,25 @@ def mcp_text(result: Mapping[str, Any]) -> str:
     if result.get("isError"):
         text = "tool error: " + text
     return clip(text)
+
+
+def recorded_output(result: ToolResult) -> ToolOutput:
+    """The model's view of a recorded ``COMMITTED`` or ``FAILED`` tool outcome, for replays:
+    a result that is not a JSON object (or is past ``record.limits``) reads as its text."""
+    if result.outcome == "COMMITTED" and result.result_bytes is not None:
+        try:
+            parsed = load_json(result.result_bytes)
+        except JsonRefused:
+            parsed = None
+        if isinstance(parsed, dict):
+            return ToolOutput(mcp_text(parsed), "COMMITTED")
+        return ToolOutput(clip(result.result_bytes.decode("utf-8", "replace")), "COMMITTED")
+    try:
+        error = load_json(result.error_bytes or b"{}")
+    except JsonRefused:
+        error = None
+    message = error.get("message", "") if isinstance(error, dict) else ""
+    return ToolOutput(f"tool error: {message}"[:1200], "FAILED")
 
 
 def catalogue_from_request(

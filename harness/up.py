@@ -11,6 +11,12 @@ config lists, and writes ``appliance.json`` so ``session``, ``turn``, ``replay``
 
 The appliance key (a recipient of every stream, so resume and re-execute work unattended)
 is kept in the state folder here; inside the confidential VM it is born in the guest.
+
+A restart, after a clean stop or a SIGKILL, keeps every session: the proxy binds the port
+the last run chose (``proxy.port``; a new one only if that is taken, said on the console),
+restores its sessions from its session book (``proxy-sessions.db``) and the record, and
+answers the calls a dead run left with ``UNKNOWN``. The same ``base_url`` and token keep
+working, and ``affidavit resume`` finishes an interrupted turn.
 """
 
 from __future__ import annotations
@@ -18,13 +24,16 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.state import Appliance, Home
+from harness.state import Appliance, Home, write_atomic
+
+if TYPE_CHECKING:
+    from egress_proxy.server import ProxyServer
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -39,6 +48,9 @@ __all__ = [
 DEFAULT_MODEL = "smollm2-135m"
 #: The random tiny model (``affidavit engine make-model``): fast, deterministic, nonsense.
 TINY_MODEL = "tiny"
+#: In the state folder: the proxy's last port, and its session book (``egress_proxy.session_book``).
+PORT_FILE = "proxy.port"
+SESSION_BOOK = "proxy-sessions.db"
 _TINY_NAME = "affidavit-tiny"
 
 
@@ -86,6 +98,7 @@ def running_appliance(
     engine: str | Path = DEFAULT_MODEL,
     mcp_servers: Mapping[str, Mapping[str, Any]] | None = None,
     search_url: str | None = None,
+    fetch_allow: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     progress: Any = None,
     clock: str | None = None,
@@ -98,7 +111,8 @@ def running_appliance(
     provider table: ``api``, ``base_url``, ``api_key_env`` …) puts that provider behind the
     proxy instead of the embedded engine, which then is not started. ``model`` names the
     provider's model, or the id the engine serves its model under (default: from
-    :func:`engine_model`)."""
+    :func:`engine_model`). ``fetch_allow``: networks the fetch endpoint may reach although its
+    rule refuses them (a loopback web: ``("127.0.0.1/32",)``; ``docs/proxy.md`` §10)."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -122,13 +136,22 @@ def running_appliance(
     with ExitStack() as stack:
         running, engine_url = None, None
         if provider is None:
+            from inference.engine_token import new_token, write_token_file
             from inference.server import Engine, create_app
 
             say(f"starting the engine ({model}: loading and self-testing takes a few seconds)")
             running = Engine(model_path, model_name=model).start()
             stack.callback(running.close)
-            engine_url = stack.enter_context(_serve(create_app(running)))
-            provider = {"api": "openai", "base_url": engine_url, "engine_extensions": True}
+            token = new_token()  # this run's: the proxy holds it, the engine answers no one else
+            token_file = write_token_file(home.root / "engine.token", token)
+            stack.callback(token_file.unlink, missing_ok=True)
+            engine_url = stack.enter_context(_serve(create_app(running, token=token)))
+            provider = {
+                "api": "openai",
+                "base_url": engine_url,
+                "engine_extensions": True,
+                "api_key_file": str(token_file),
+            }
         api = str(provider["api"])
         route = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         servers = {name: dict(cfg) for name, cfg in (mcp_servers or {}).items()}
@@ -139,7 +162,11 @@ def running_appliance(
                 "listen": {"host": "127.0.0.1", "port": 0},
                 "providers": {"model": dict(provider), **messages},
                 "mounts": {route: "model", **_responses_mount(provider), **messages_mount},
-                "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
+                "fetch": {
+                    "enabled": True,
+                    "max_response_bytes": 1 << 20,
+                    "allow": list(fetch_allow),
+                },
                 **({"mcp_servers": servers} if servers else {}),
             }
         )
@@ -148,8 +175,25 @@ def running_appliance(
         socket_path = home.root / "control.sock"
         say("starting the egress proxy")
         fixed = Clock.fixed(clock) if clock is not None else None
-        proxy = ProxyServer(config, log, env=env, control_socket=socket_path, clock=fixed)
+        proxy = _proxy_on_last_port(
+            home,
+            say,
+            lambda port: ProxyServer(
+                config,
+                log,
+                env=env,
+                control_socket=socket_path,
+                clock=fixed,
+                port=port,
+                sessions=home.root / SESSION_BOOK,
+            ),
+        )
         stack.enter_context(proxy)
+        write_atomic(home.root / PORT_FILE, f"{proxy.port}\n".encode(), 0o644)
+        if proxy.restored.sessions:
+            say(f"restored {len(proxy.restored.sessions)} sessions (same base_url and token)")
+        for left, why in proxy.restored.left_out.items():
+            say(f"session {left} not restored: {why}")
         appliance = Appliance(
             proxy_url=proxy.url,
             control_socket=str(socket_path),
@@ -166,6 +210,32 @@ def running_appliance(
         home.write_appliance(appliance)
         stack.callback(lambda: home.appliance_file.unlink(missing_ok=True))
         yield RunningAppliance(home, appliance, running, proxy, log)
+
+
+def _proxy_on_last_port(
+    home: Home, say: Callable[[str], None], build: Callable[[int], ProxyServer]
+) -> ProxyServer:
+    """The proxy bound to the port the last run chose (``proxy.port``), so a restart keeps
+    every session's ``base_url``; a fresh port only when there was none or it is taken."""
+    import errno
+
+    last = _last_port(home)
+    if last is not None:
+        try:
+            return build(last)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            say(f"port {last} is taken: the proxy takes a new one, and old base_urls break")
+    return build(0)
+
+
+def _last_port(home: Home) -> int | None:
+    try:
+        port = int((home.root / PORT_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
 
 
 def _responses_mount(provider: Mapping[str, Any]) -> dict[str, str]:

@@ -67,6 +67,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.max_batch < 1 or args.prefix_cache_tokens < 0 or not 0 <= args.port < 65536:
         print("affidavit: error: bad --max-batch, --prefix-cache-tokens or --port", file=sys.stderr)
         return EXIT_USAGE
+    token = _engine_token(getattr(args, "token_file", None))
+    if isinstance(token, int):
+        return token
     try:
         engine = Engine(
             args.model,
@@ -84,8 +87,28 @@ def run_serve(args: argparse.Namespace) -> int:
     else:
         verdict = "passed" if report.passed else "FAILED (no path is invariant here)"
         print(f"batch-invariance self-test {verdict}: path {report.path}", flush=True)
-    serve(engine, host=args.host, port=args.port, log_level=args.log_level)
+    if token is None:
+        print("affidavit: no --token-file: any local process may call this engine", file=sys.stderr)
+    serve(engine, host=args.host, port=args.port, log_level=args.log_level, token=token)
     return 0
+
+
+def _engine_token(path: str | None) -> str | int | None:
+    """``--token-file``'s token (None without one), or the exit code: 3 missing, 2 unusable."""
+    if path is None:
+        return None
+    from pathlib import Path
+
+    from inference.engine_token import TokenFileError, read_token_file
+
+    try:
+        return read_token_file(Path(path))
+    except FileNotFoundError:
+        print(f"affidavit: missing: the engine's token file {path} does not exist", file=sys.stderr)
+        return EXIT_MISSING
+    except TokenFileError as exc:
+        print(f"affidavit: error: --token-file {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 def run_make_model(args: argparse.Namespace) -> int:
@@ -162,6 +185,9 @@ def run_serve_backend(args: argparse.Namespace) -> int:
     """``engine serve``: the embedded engine, or vLLM behind the front (``--backend``)."""
     if args.backend != "vllm":
         return run_serve(args)
+    if getattr(args, "token_file", None) is not None:
+        print("affidavit: error: --token-file: the vllm backend takes no token", file=sys.stderr)
+        return EXIT_USAGE
     try:
         from inference.vllm import launch
     except ImportError as exc:
@@ -259,6 +285,14 @@ def engine_serve(
         int, typer.Option(help="token positions the prefix cache keeps (0 turns it off)")
     ] = 65536,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level")] = "info",
+    token_file: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="answer only requests carrying the token in FILE (mode 0600) as "
+            "`Authorization: Bearer` or `x-api-key`; others get 401",
+        ),
+    ] = None,
     backend: Annotated[
         Backend,
         typer.Option(
@@ -297,6 +331,7 @@ def engine_serve(
         max_batch=max_batch,
         prefix_cache_tokens=prefix_cache_tokens,
         log_level=log_level,
+        token_file=token_file,
         backend=backend.value,
         seed=seed,
         max_model_len=max_model_len,

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tokenizers import Tokenizer
 
 from inference.sampling import SampledToken
+from record.limits import JsonRefused, OverLimit, check_counts, load_json
 
 __all__ = [
     "ApiError",
@@ -46,7 +47,6 @@ __all__ = [
     "ignored_fields",
     "json_bytes",
     "load_request",
-    "nesting_depth",
     "parse_clock",
     "parse_request",
     "plain_messages",
@@ -156,48 +156,21 @@ class ChatRequest(BaseModel):
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
 
-#: Deepest nesting of arrays and objects a request may have. Real requests stay far below
-#: (a pydantic tool schema nests a few levels, ``$defs`` keep it flat); the template, the
-#: schema check and the grammar all walk a request recursively, so a deeper one is refused
-#: here rather than failing with a recursion error inside.
-MAX_NESTING = 128
-
-
 def load_request(body: bytes) -> dict[str, Any]:
-    """A request body as a JSON object (no NaN, at most :data:`MAX_NESTING` deep), or
-    :class:`ApiError` saying what is wrong with it."""
+    """A request body as a JSON object within ``record.limits`` (the proxy's limits, so a
+    request the proxy accepted is one the engine reads), or :class:`ApiError` saying what is
+    wrong with it. The template, the schema check and the grammar walk a request
+    recursively: the nesting limit keeps them from failing inside."""
     try:
-        raw = json.loads(body, parse_constant=_no_constant)
-    except RecursionError:
-        raw = None
-        depth = MAX_NESTING + 1
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = load_json(body)
+        if not isinstance(raw, dict):
+            raise ApiError("the request body must be a JSON object", code="invalid_json")
+        check_counts(raw)
+    except OverLimit as exc:
+        raise ApiError(f"the request body is past a limit: {exc}", code="invalid_json") from None
+    except JsonRefused as exc:
         raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-    else:
-        depth = nesting_depth(raw)
-    if depth > MAX_NESTING:
-        raise ApiError(
-            f"the request body nests arrays and objects more than {MAX_NESTING} deep",
-            code="invalid_json",
-        )
-    if not isinstance(raw, dict):
-        raise ApiError("the request body must be a JSON object", code="invalid_json")
     return raw
-
-
-def nesting_depth(value: Any) -> int:
-    """How deep arrays and objects nest in a parsed JSON value (a scalar is 0); iterative."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, depth = todo.pop()
-        children = (
-            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        )
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        todo.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def parse_request(body: bytes) -> tuple[ChatRequest, dict[str, Any]]:
@@ -212,10 +185,6 @@ def parse_request(body: bytes) -> tuple[ChatRequest, dict[str, Any]]:
     if request.top_logprobs and not request.logprobs:
         raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs")
     return request, raw
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def ignored_fields(request: ChatRequest) -> list[str]:

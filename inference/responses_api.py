@@ -142,7 +142,7 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a list is no role (found by fuzzing)
         raise ApiError(f"{where}.role must be one of {sorted(_ROLES)}", param=f"{where}.role")
     return {"role": role, "content": _text(item.get("content"), f"{where}.content")}
 
@@ -154,7 +154,8 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if not isinstance(kind, str) or kind not in _TEXT_PARTS:
                 raise ApiError(
                     f"{where}[{i}]: only input_text and output_text parts are supported",
                     param=where,

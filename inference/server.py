@@ -27,6 +27,9 @@ the tag is several tokens, :mod:`inference.forbidden_text` keeps it, and the
 function constrain decoding with :class:`~inference.constrained.ToolCallGrammar`, so the
 arguments parse and match the schema unless ``max_tokens`` cuts them (``finish_reason``
 ``length``). ``stop`` strings do not apply to constrained tool-call text.
+
+**Access.** Given a token (``engine serve --token-file``), every route answers 401 to a
+request without it (:mod:`inference.engine_token`): in the appliance only the proxy holds it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from inference.block import EngineInfo, Reply, reply_identity, reproducibility_b
 from inference.checkpoint import load_checkpoint
 from inference.constrained import JsonGrammar, ToolCallGrammar, Vocabulary, validate_tools
 from inference.delivery import finished, submit
+from inference.engine_token import EngineTokenAuth
 from inference.forbidden_text import ForbiddenMasks, ForbiddenText
 from inference.invariant import InvarianceReport, self_test
 from inference.model import DecoderModel
@@ -392,9 +396,14 @@ def _error_response(exc: ApiError) -> Response:
     return Response(json_bytes(exc.body()), status_code=exc.status, media_type="application/json")
 
 
-def create_app(engine: Engine) -> FastAPI:
-    """The FastAPI app over a started :class:`Engine` (the caller owns its lifecycle)."""
+def create_app(engine: Engine, *, token: str | None = None) -> FastAPI:
+    """The FastAPI app over a started :class:`Engine` (the caller owns its lifecycle).
+
+    ``token``: every request must carry it (:class:`~inference.engine_token.EngineTokenAuth`,
+    401 without); ``None`` leaves the engine open to whoever can connect."""
     app = FastAPI(title="affidavit embedded engine", docs_url=None, redoc_url=None)
+    if token is not None:
+        app.add_middleware(EngineTokenAuth, token=token)
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
@@ -445,14 +454,20 @@ def create_app(engine: Engine) -> FastAPI:
 
 
 def serve(
-    engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+    engine: Engine,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    token: str | None = None,
 ) -> None:
-    """Bind, print the address (port 0 picks a free one), and serve until interrupted."""
+    """Bind, print the address (port 0 picks a free one), and serve until interrupted;
+    ``token`` as for :func:`create_app`."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level=log_level))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, token=token), log_level=log_level))
     engine.start()
     print(f"affidavit engine serving {engine.name!r} on http://{host}:{bound}", flush=True)
     try:

@@ -2,9 +2,13 @@
 
 Without a key it checks what anyone can: every line is a valid entry of its stream, ``seq``
 runs 0, 1, 2 … with no gap, duplicate or reordering, the Merkle tree over the stored bytes
-matches every checkpoint signed by the log key, checkpoints agree with each other, and the
-log still holds everything a checkpoint covered (or that a user kept, ``against``). With a
-recipient key it also opens every body and recomputes every digest against its bytes.
+matches every checkpoint signed by the log key, checkpoints agree with each other, the log
+still holds everything a checkpoint covered (or that a user kept, ``against``), and every
+entry is covered by a signed checkpoint. Entries after the largest matching checkpoint are
+an unsigned tail: anyone with the public keys alone could have written them (a whole forged
+stream is all tail), so they are a problem unless the caller tolerates them
+(``allow_unsigned_tail``; a store written before every batch was signed). With a recipient
+key it also opens every body and recomputes every digest against its bytes.
 
 Problem codes (stable; ``docs/record.md`` lists them):
 
@@ -22,6 +26,7 @@ Problem codes (stable; ``docs/record.md`` lists them):
 ``checkpoint_invalid``      a checkpoint is malformed, for another origin, or not signed
                             by the log key
 ``checkpoint_inconsistent`` two checkpoints that cannot both describe this log
+``unsigned_tail``           entries that no checkpoint signed by the log key covers
 ``cannot_open``             (with a key) a body does not open
 ``malformed_body``          (with a key) an opened body is not valid for its kind
 ``body_digest_mismatch``    (with a key) a digest does not match the bytes it covers
@@ -68,6 +73,8 @@ from record.sqlite_store import SQLiteStore
 #: At most this many problems of one code are listed per stream; the rest are counted.
 _PER_CODE_LIMIT = 50
 
+UNSIGNED_TAIL = "unsigned_tail"
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -79,11 +86,17 @@ class Problem:
 
 @dataclass
 class Report:
-    """The audit's verdict: ``ok`` only when no problem was found."""
+    """The audit's verdict: ``ok`` only when no problem was found.
+
+    ``unsigned`` counts, per stream, the entries no signed checkpoint covers; it is filled
+    whether or not the unsigned tail counts as a problem (``allow_unsigned_tail``).
+    """
 
     entries: int = 0
     streams: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    unsigned: dict[str, int] = field(default_factory=dict)
+    allow_unsigned_tail: bool = False
 
     @property
     def ok(self) -> bool:
@@ -92,11 +105,20 @@ class Report:
     def codes(self) -> set[str]:
         return {p.code for p in self.problems}
 
+    def add_stream(self, audit: StreamAudit) -> None:
+        """Take one stream's findings; its unsigned tail is a problem unless tolerated."""
+        self.streams.append(audit.stream)
+        self.unsigned[audit.stream] = audit.unsigned
+        self.problems += [
+            p for p in audit.problems if not (self.allow_unsigned_tail and p.code == UNSIGNED_TAIL)
+        ]
+
     def to_json(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "entries": self.entries,
             "problems": [asdict(p) for p in self.problems],
+            "unsigned_tail": dict(sorted(self.unsigned.items())),
         }
 
     def dumps(self) -> str:
@@ -140,6 +162,21 @@ class _Problems:
         return self.items
 
 
+@dataclass(frozen=True)
+class StreamAudit:
+    """One stream's findings: its problems (an unsigned tail among them) and how many of its
+    ``entries`` the largest checkpoint that matches the log covers."""
+
+    stream: str
+    problems: list[Problem]
+    entries: int
+    covered: int
+
+    @property
+    def unsigned(self) -> int:
+        return self.entries - self.covered
+
+
 def audit_stream(
     stream: str,
     rows: Iterable[Row],
@@ -150,7 +187,23 @@ def audit_stream(
     kept: Sequence[tuple[str, bytes]] = (),
     evidence: Callable[[str], bytes | None] | None = None,
 ) -> list[Problem]:
-    """Every problem of one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs.
+    """Every problem of one stream (see :func:`check_stream`)."""
+    return check_stream(
+        stream, rows, checkpoints, log_key, key=key, kept=kept, evidence=evidence
+    ).problems
+
+
+def check_stream(
+    stream: str,
+    rows: Iterable[Row],
+    checkpoints: Sequence[tuple[str, bytes]],
+    log_key: str | None,
+    *,
+    key: KeyPair | None = None,
+    kept: Sequence[tuple[str, bytes]] = (),
+    evidence: Callable[[str], bytes | None] | None = None,
+) -> StreamAudit:
+    """Audit one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs.
 
     ``evidence`` reads an archived evidence file by name (``None`` when it is missing); with
     a key, each ``evidence.archived`` entry's file is checked against its digest.
@@ -164,10 +217,19 @@ def audit_stream(
     origin = _expected_origin(stream, log_key)
     _check_opening(scan, log_key, origin, out)
     signed = _check_signatures(checkpoints, kept, log_key, origin, out)
-    _check_tree(scan.leaves, signed, out)
+    covered = _check_tree(scan.leaves, signed, out)
+    n = len(scan.leaves)
+    if covered < n:
+        out.add(
+            "unsigned_tail",
+            covered,
+            f"{n - covered} of {n} entries (from position {covered}) are covered by no "
+            "checkpoint signed by the log key: anyone holding only public keys could have "
+            "written them",
+        )
     if key is not None:
         _check_bodies(stream, scan.kept, key, out, evidence)
-    return out.finish()
+    return StreamAudit(stream, out.finish(), n, covered)
 
 
 @dataclass
@@ -355,7 +417,9 @@ def _check_signatures(
     return signed
 
 
-def _check_tree(leaves: Sequence[bytes], signed: Sequence[_Signed], out: _Problems) -> None:
+def _check_tree(leaves: Sequence[bytes], signed: Sequence[_Signed], out: _Problems) -> int:
+    """Check every checkpoint against the tree; return how many leaves the largest matching
+    one covers (every smaller prefix is covered by it too)."""
     n = len(leaves)
     roots = _roots_at(leaves, {s.checkpoint.size for s in signed if s.checkpoint.size <= n})
     by_size: dict[int, _Signed] = {}
@@ -400,6 +464,7 @@ def _check_tree(leaves: Sequence[bytes], signed: Sequence[_Signed], out: _Proble
                     f"{s.label}: tree of {cp.size} entries has root "
                     f"{roots[cp.size].hex()}, the checkpoint says {cp.root_hash.hex()}",
                 )
+    return anchor.checkpoint.size if anchor is not None else 0
 
 
 def _roots_at(leaves: Sequence[bytes], sizes: set[int]) -> dict[int, bytes]:
@@ -453,12 +518,18 @@ def verify_store(
     key: KeyPair | None = None,
     kept: Sequence[bytes] = (),
     log_key: str | None = None,
+    allow_unsigned_tail: bool = False,
 ) -> Report:
-    """Audit every stream of a SQLite store. ``kept``: checkpoint notes a user saved earlier."""
+    """Audit every stream of a SQLite store. ``kept``: checkpoint notes a user saved earlier.
+
+    ``allow_unsigned_tail``: entries after a stream's last checkpoint are counted in
+    ``Report.unsigned`` but not reported as problems (a store from before every commit batch
+    was signed).
+    """
     store = SQLiteStore(path, readonly=True)
     try:
         log_key = log_key or store.get_meta("log_key")
-        report = Report()
+        report = Report(allow_unsigned_tail=allow_unsigned_tail)
         streams = store.streams()
         routed = _route_kept(kept, streams)
         name = Path(path).name
@@ -470,9 +541,8 @@ def verify_store(
                 for i, c in enumerate(store.checkpoints(stream))
             ]
             report.entries += count
-            report.streams.append(stream)
-            report.problems += audit_stream(
-                stream, rows, notes, log_key, key=key, kept=routed.get(stream, [])
+            report.add_stream(
+                check_stream(stream, rows, notes, log_key, key=key, kept=routed.get(stream, []))
             )
         report.problems += _unrouted(routed, streams)
         return report

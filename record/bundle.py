@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from record.audit import Problem, Report, Row, audit_stream
+from record.audit import Problem, Report, Row, check_stream
 from record.errors import StoreMissing, UnknownStream
 from record.schema import CLEAR_KINDS, SCHEMA_VERSION, parse_entry
 from record.seal import KeyPair
@@ -123,12 +123,13 @@ def verify_bundle(
     key: KeyPair | None = None,
     kept: Sequence[bytes] = (),
     log_key: str | None = None,
+    allow_unsigned_tail: bool = False,
 ) -> Report:
     """Audit an exported bundle; a malformed bundle is a problem found, never a crash."""
     root = Path(path)
     if not root.is_dir():
         raise StoreMissing(f"bundle directory {root} does not exist")
-    report = Report()
+    report = Report(allow_unsigned_tail=allow_unsigned_tail)
     index, stream, problems = _read_index(root)
     report.problems += problems
     rows, problems = _read_entries(root, stream)
@@ -157,10 +158,11 @@ def verify_bundle(
         detail = f"{INDEX} lists {listed} checkpoints, {CHECKPOINTS}/ holds {len(notes)}"
         report.problems.append(Problem("malformed_bundle", stream, None, detail))
     report.entries = len(rows)
-    report.streams = [stream]
     kept_pairs = [(f"kept checkpoint #{i}", note) for i, note in enumerate(kept)]
-    report.problems += audit_stream(
-        stream, rows, notes, log_key, key=key, kept=kept_pairs, evidence=_evidence_reader(root)
+    report.add_stream(
+        check_stream(
+            stream, rows, notes, log_key, key=key, kept=kept_pairs, evidence=_evidence_reader(root)
+        )
     )
     return report
 

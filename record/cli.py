@@ -130,11 +130,15 @@ def _print_report(report: Report, path: Path, as_json: bool) -> None:
         print(
             f"ok: {path}: {report.entries} entries in {len(report.streams)} stream(s), no problem"
         )
-        return
-    print(f"FAILED: {path}: {len(report.problems)} problem(s) in {report.entries} entries")
-    for p in report.problems:
-        where = f"{p.stream}/{p.seq}" if p.seq is not None else p.stream
-        print(f"  {p.code:<24} {where:<28} {p.detail}")
+    else:
+        print(f"FAILED: {path}: {len(report.problems)} problem(s) in {report.entries} entries")
+        for p in report.problems:
+            where = f"{p.stream}/{p.seq}" if p.seq is not None else p.stream
+            print(f"  {p.code:<24} {where:<28} {p.detail}")
+    if report.allow_unsigned_tail:
+        for stream, count in sorted(report.unsigned.items()):
+            if count:
+                print(f"  allowed: {stream}: {count} entries no checkpoint covers (unsigned tail)")
 
 
 # -- the commands --------------------------------------------------------------------------
@@ -181,6 +185,14 @@ def log_verify(
     log_key: Annotated[
         str | None, typer.Option(metavar="VKEY", help="pin the checkpoint signer's verifier key")
     ] = None,
+    allow_unsigned_tail: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unsigned-tail",
+            help="do not fail on entries after a stream's last checkpoint (still counted); "
+            "for stores written before every commit was signed",
+        ),
+    ] = False,
     as_json: _Json = False,
 ) -> int:
     """Audit a store file or a bundle directory."""
@@ -188,10 +200,18 @@ def log_verify(
     pair = _read_key(key)
     kept = _read_kept(against or [])
     if target.is_dir():
-        report = verify_bundle(target, key=pair, kept=kept, log_key=log_key)
+        report = verify_bundle(
+            target, key=pair, kept=kept, log_key=log_key, allow_unsigned_tail=allow_unsigned_tail
+        )
     elif target.is_file():
         try:
-            report = verify_store(target, key=pair, kept=kept, log_key=log_key)
+            report = verify_store(
+                target,
+                key=pair,
+                kept=kept,
+                log_key=log_key,
+                allow_unsigned_tail=allow_unsigned_tail,
+            )
         except sqlite3.DatabaseError as exc:
             detail = f"{target} is not a readable record store: {exc}"
             report = Report(problems=[Problem("malformed_store", "?", None, detail)])

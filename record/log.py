@@ -7,7 +7,11 @@ once its transaction is durable.
 
 Inside the transaction each entry gets its ``seq``; only then can it be built, because the
 envelope (``seq`` included) is the AEAD associated data and the Merkle leaf covers the whole
-line. A checkpoint is signed in the same transaction after every ``turn.ended`` and on demand.
+line. At the end of every batch, in the same transaction, one checkpoint is signed for each
+stream the batch touched, so every entry is covered by a signed checkpoint by the time its
+appender hears it is durable: the signing delay is bounded by one group commit, and its cost is
+one Ed25519 signature per stream per batch, not per entry. ``checkpoint(stream)`` signs one on
+demand (a stream with no new entries, or an old store's unsigned tail).
 
 This module never verifies: ``record.audit`` does, from the bytes alone.
 """
@@ -16,13 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import uuid6
 from pydantic import TypeAdapter
@@ -41,11 +46,12 @@ from record.schema import (
     Strict,
     WrappedKey,
     body_kind,
+    canonical_body,
     envelope_json,
     parse_entry,
     utc_timestamp,
 )
-from record.seal import KeyPair, RecipientKey, new_data_key, seal
+from record.seal import KeyPair, RecipientKey, new_data_key, seal_buffer
 from record.sqlite_store import SQLiteStore
 from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint, StoredEntry
 
@@ -73,6 +79,28 @@ def _splice(body_json: bytes, ad: bytes) -> bytes:
     return b'{"body":' + body_json + b"," + ad[1:]
 
 
+#: Bytes of a sealed body base64-encoded at a time (a multiple of 3: no padding in between).
+_BASE64_SLICE = 3 * 256 * 1024
+
+
+def _sealed_line(sealed: bytearray, ad: bytes) -> bytes:
+    """``{"body":"<base64 of sealed>",<the envelope's members>}``, the base64 written in
+    slices straight into the line (it needs no JSON escaping): for a large body the line is
+    the only copy made, not a base64 string and then a line holding it."""
+    head, tail = b'{"body":"', b'",' + ad[1:]
+    line = bytearray(len(head) + 4 * ((len(sealed) + 2) // 3) + len(tail))
+    line[: len(head)] = head
+    at, view = len(head), memoryview(sealed)
+    for start in range(0, len(sealed), _BASE64_SLICE):
+        piece = binascii.b2a_base64(view[start : start + _BASE64_SLICE], newline=False)
+        line[at : at + len(piece)] = piece
+        at += len(piece)
+    line[at:] = tail
+    # Kept a bytearray (bytes() would copy it once more): it is only hashed and bound as a
+    # BLOB, never changed, and the store reads lines back as bytes.
+    return cast(bytes, line)
+
+
 @dataclass(frozen=True)
 class Appended:
     """What an appender learns once its entry is durable."""
@@ -85,7 +113,7 @@ class Appended:
     leaf_hash: bytes
     tree_size: int
     root_hash: bytes
-    checkpoint: bytes | None = None  # the signed note, when this append produced one
+    checkpoint: bytes | None = None  # the note signed at the end of this append's batch
 
 
 @dataclass
@@ -100,7 +128,6 @@ class _Request:
     stream: str
     kind: str
     payload: bytes | dict[str, Any]  # sealed kinds: body plaintext; clear kinds: body object
-    checkpoint: bool
     future: Future[Appended] = field(default_factory=Future)
     new_key: tuple[int, bytes] | None = None  # (epoch, data key) a clear entry brings in
     envelope: dict[str, Any] | None = None  # set once the entry is built
@@ -172,7 +199,7 @@ class Log:
             recipients=_wrap_all(recipients, data_key, stream, 0),
             labels=labels or {},
         )
-        return self._submit(stream, body, new_key=(0, data_key), checkpoint=True).result()
+        return self._submit(stream, body, new_key=(0, data_key)).result()
 
     def rotate_key(self, stream: str, recipients: Sequence[RecipientKey]) -> Appended:
         """Start a new key epoch: later bodies are sealed under a fresh data key."""
@@ -182,16 +209,15 @@ class Log:
         body = KeyRotated(
             key_epoch=epoch, recipients=_wrap_all(recipients, data_key, stream, epoch)
         )
-        return self._submit(stream, body, new_key=(epoch, data_key), checkpoint=False).result()
+        return self._submit(stream, body, new_key=(epoch, data_key)).result()
 
-    def append(self, stream: str, body: Strict, *, checkpoint: bool = False) -> Appended:
-        """Seal and durably append ``body``; blocks until its commit is on disk."""
-        return self._submit(stream, body, checkpoint=checkpoint).result()
+    def append(self, stream: str, body: Strict) -> Appended:
+        """Seal and durably append ``body``; blocks until its commit (and the checkpoint that
+        covers it) is on disk."""
+        return self._submit(stream, body).result()
 
-    async def append_async(
-        self, stream: str, body: Strict, *, checkpoint: bool = False
-    ) -> Appended:
-        return await asyncio.wrap_future(self._submit(stream, body, checkpoint=checkpoint))
+    async def append_async(self, stream: str, body: Strict) -> Appended:
+        return await asyncio.wrap_future(self._submit(stream, body))
 
     def archive_evidence(self, stream: str, evidence_kind: str, name: str, data: bytes) -> Appended:
         """Keep attestation evidence for the stream's bundle and record its digest."""
@@ -210,7 +236,7 @@ class Log:
     def checkpoint(self, stream: str) -> StoredCheckpoint:
         """Sign a checkpoint of the stream's current tree now, on demand."""
         self._state(stream)
-        request = _Request(stream, "", b"", checkpoint=True)
+        request = _Request(stream, "", b"")
         self._queue.put(request)
         appended = request.future.result()
         assert appended.checkpoint is not None
@@ -236,7 +262,6 @@ class Log:
         stream: str,
         body: Strict,
         *,
-        checkpoint: bool,
         new_key: tuple[int, bytes] | None = None,
     ) -> Future[Appended]:
         if self._closed:
@@ -247,11 +272,8 @@ class Log:
                 raise ValueError(f"{kind} entries are written by open_stream/rotate_key")
             self._state(stream)  # refuse unknown streams before queueing
         payload: bytes | dict[str, Any]
-        if kind in CLEAR_KINDS:
-            payload = body.model_dump(mode="json")
-        else:
-            payload = canonical_json(body.model_dump(mode="json"))
-        request = _Request(stream, kind, payload, checkpoint or kind == "turn.ended")
+        payload = body.model_dump(mode="json") if kind in CLEAR_KINDS else canonical_body(body)
+        request = _Request(stream, kind, payload)
         request.new_key = new_key
         self._queue.put(request)
         return request.future
@@ -327,7 +349,7 @@ class Log:
             live.append(request)
             if request.kind:
                 pending.append(PendingEntry(request.stream, self._builder(request, keys)))
-            if request.checkpoint and request.stream not in wanted:
+            if request.stream not in wanted:  # one signature per stream per batch
                 wanted[request.stream] = PendingCheckpoint(
                     request.stream, self._checkpoint_signer(request.stream, trees)
                 )
@@ -351,9 +373,8 @@ class Log:
         notes = {cp.stream: cp for cp in signed}
         entries = iter(stored)
         for request in live:
-            note = notes.get(request.stream) if request.checkpoint else None
+            note = notes[request.stream]
             if not request.kind:
-                assert note is not None
                 root = trees[request.stream].root()
                 request.future.set_result(
                     Appended(
@@ -373,7 +394,7 @@ class Log:
                     leaf_hash=entry.leaf_hash,
                     tree_size=entry.seq + 1,
                     root_hash=roots[(entry.stream, entry.seq)],
-                    checkpoint=note.note if note else None,
+                    checkpoint=note.note,
                 )
             )
 
@@ -431,9 +452,9 @@ class Log:
                 line = _splice(canonical_json(request.payload), ad)
             else:
                 assert data_key is not None
-                # base64 needs no JSON escaping: the sealed string is quoted as it is.
-                sealed = base64.b64encode(seal(data_key, request.payload, ad))
-                line = _splice(b'"' + sealed + b'"', ad)
+                sealed = seal_buffer(data_key, request.payload, ad)
+                request.payload = b""  # sealed now: a large body is not held twice more
+                line = _sealed_line(sealed, ad)
             return line, merkle.hash_leaf(line)
 
         return build

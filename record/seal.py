@@ -34,6 +34,7 @@ from record.errors import CannotOpen, StoreMissing
 
 DATA_KEY_SIZE = 32
 NONCE_SIZE = 12
+TAG_SIZE = 16  # ChaCha20-Poly1305's tag
 _SUITE = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
 _WRAPPED_SIZE = 32 + DATA_KEY_SIZE + 16
 
@@ -48,6 +49,20 @@ def seal(data_key: bytes, plaintext: bytes, associated_data: bytes) -> bytes:
         raise ValueError(f"data key must be {DATA_KEY_SIZE} bytes, got {len(data_key)}")
     nonce = os.urandom(NONCE_SIZE)
     return nonce + ChaCha20Poly1305(data_key).encrypt(nonce, plaintext, associated_data)
+
+
+def seal_buffer(data_key: bytes, plaintext: bytes, associated_data: bytes) -> bytearray:
+    """:func:`seal`'s ``nonce || ciphertext || tag`` written into one new buffer
+    (``encrypt_into``): for a large body, the one copy the stored line is made from."""
+    if len(data_key) != DATA_KEY_SIZE:
+        raise ValueError(f"data key must be {DATA_KEY_SIZE} bytes, got {len(data_key)}")
+    nonce = os.urandom(NONCE_SIZE)
+    sealed = bytearray(NONCE_SIZE + len(plaintext) + TAG_SIZE)
+    sealed[:NONCE_SIZE] = nonce
+    ChaCha20Poly1305(data_key).encrypt_into(
+        nonce, plaintext, associated_data, memoryview(sealed)[NONCE_SIZE:]
+    )
+    return sealed
 
 
 def open_sealed(data_key: bytes, sealed: bytes, associated_data: bytes) -> bytes:

@@ -1,7 +1,9 @@
 """``affidavit log show``: a stream's entries for people, opened with a key, redacted.
 
-Bytes fields are shown as text when they are UTF-8 and as ``base64:…`` otherwise. This
-module only reads; redaction happens on the copy it prints.
+Without rules, bytes fields are shown as text when they are UTF-8 and as ``base64:…``
+otherwise. With rules, every body goes through ``record.redact``: bytes fields become their
+digests with their decoded values beside them, and the rules apply to those across the whole
+stream. This module only reads; redaction happens on the copy it prints.
 """
 
 from __future__ import annotations
@@ -55,19 +57,25 @@ def show_stream(
         if not entries:
             raise UnknownStream(f"store {store_path} holds no stream {stream!r}")
         keys = StreamKeys.collect(stream, entries, key) if key is not None else None
-        for entry in entries:
-            envelope = entry.model_dump(mode="json", exclude={"body"})
-            body: dict[str, Any] | None
-            note = ""
+        shown: list[tuple[dict[str, Any] | None, str]] = []
+        opened: list[tuple[int, str, Strict | dict[str, Any]]] = []
+        for i, entry in enumerate(entries):
             if isinstance(entry.body, dict) or keys is not None:
                 try:
-                    opened = keys.open(entry) if keys is not None else None
-                    body = readable(opened) if opened is not None else dict(entry.body)  # type: ignore[arg-type]
-                    body = rules.apply(entry.kind, body)
+                    clear = keys.open(entry) if keys is not None else dict(entry.body)  # type: ignore[arg-type]
                 except (CannotOpen, SchemaError) as exc:
-                    body, note = None, f"cannot open: {exc}"
+                    shown.append((None, f"cannot open: {exc}"))
+                    continue
+                opened.append((i, entry.kind, clear))
+                shown.append((readable(clear) if isinstance(clear, Strict) else clear, ""))
             else:
-                body, note = None, f"sealed, {len(entry.body)} base64 characters"
+                shown.append((None, f"sealed, {len(entry.body)} base64 characters"))
+        if rules:
+            views = rules.stream((kind, clear) for _, kind, clear in opened).views()
+            for (i, _, _), view in zip(opened, views, strict=True):
+                shown[i] = (view, "")
+        for entry, (body, note) in zip(entries, shown, strict=True):
+            envelope = entry.model_dump(mode="json", exclude={"body"})
             if as_json:
                 yield json.dumps({"envelope": envelope, "body": body, "note": note or None})
             else:

@@ -1,8 +1,9 @@
 """The embedded default store: one SQLite file, WAL, every commit fsynced.
 
-Durability: ``journal_mode=WAL`` and ``synchronous=FULL`` on the writer's connection, so a
-commit returns only after the WAL is fsynced; ``seq`` is read and the row inserted in one
-``BEGIN IMMEDIATE`` transaction. Readers use their own connections and, under WAL, never
+Durability: ``journal_mode=WAL`` and ``synchronous=FULL`` on the writer's connection while it
+is open, so a commit returns only after the WAL is fsynced; ``seq`` is read and the row
+inserted in one ``BEGIN IMMEDIATE`` transaction. A clean close folds the WAL back and leaves
+the file in rollback-journal mode, which read-only openers (``mode=ro``) never write to. Readers use their own connections and, under WAL, never
 block the writer. Triggers refuse any UPDATE or DELETE, so the file is append-only unless
 someone edits it by hand (which ``record.audit`` then catches).
 
@@ -262,5 +263,22 @@ class SQLiteStore(LogStore):
             conn.close()
         self._local = threading.local()
         if self._writer is not None:
+            self._leave_wal(self._writer)
             self._writer.close()
             self._writer = None
+
+    @staticmethod
+    def _leave_wal(conn: sqlite3.Connection) -> None:
+        """Fold the WAL into the file and leave it in rollback-journal mode.
+
+        A read-only connection to a WAL database creates ``-wal`` and ``-shm`` files beside it
+        (it needs the shared index); to a rollback-journal one it writes nothing at all, so an
+        audit or a replay of a closed store leaves every byte and every file as it was. The
+        next writer turns WAL back on. Another process still reading keeps the file in WAL
+        mode: then nothing is changed, and nothing waits.
+        """
+        try:
+            conn.execute("PRAGMA busy_timeout=0")
+            conn.execute("PRAGMA journal_mode=DELETE")
+        except sqlite3.OperationalError:
+            pass  # busy: someone else has the store open; it stays in WAL mode

@@ -11,7 +11,9 @@ body that stops early becomes ``UpstreamCut``. Environment proxy settings are ig
 not followed: a redirect is a reply, recorded and relayed like any other.
 
 Two additions serve the tool routes: ``send_exact`` (the fetch endpoint: exactly the headers
-given, in order, and the body's bytes as received, content-coding not undone) and
+given, in order, and the body's bytes as received, content-coding not undone; the connection
+goes to the address the fetch rule checked and pinned, with ``Host`` and the TLS server name
+still the URL's host, and is never reused for another fetch) and
 ``mcp_http_client`` (the ``httpx2`` client the MCP SDK dials remote tool servers with, set up
 with the same rules: no environment proxies, no redirects followed by the client).
 """
@@ -70,32 +72,42 @@ class NetworkTransport:
             raise UpstreamUnavailable(f"{request.url}: {type(exc).__name__}: {exc}") from None
         return _NetworkResponse(response, request.url)
 
-    async def send_exact(self, request: UpstreamRequest) -> ExactResponse:
+    async def send_exact(self, request: UpstreamRequest, address: str) -> ExactResponse:
         """Send ``request`` as it is: its headers only, in order (``host`` among them), its
-        body, and the URL's target unchanged. ``ValueError`` (nothing sent) if the client would
-        add or change a header; the body is read raw (content-coding is not undone)."""
+        body, and the URL's target unchanged, over a connection to ``address`` (an IP address:
+        no name is resolved here) whose TLS server name is the URL's host. ``ValueError``
+        (nothing sent) if the client would add or change a header; the body is read raw
+        (content-coding is not undone)."""
         import httpx
 
+        parts = urlsplit(request.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        dialed = f"[{address}]" if ":" in address else address
+        target = (parts.path or "/") + (f"?{parts.query}" if "?" in request.url else "")
         built = httpx.Request(
             request.method,
-            request.url,
+            f"{parts.scheme}://{dialed}:{port}{target}",
             headers=list(request.headers),
             content=request.body or None,
             extensions={
                 "timeout": httpx.Timeout(
                     request.timeout_s, connect=request.connect_timeout_s
-                ).as_dict()
+                ).as_dict(),
+                "sni_hostname": parts.hostname or "",
             },
         )
         sent = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in built.headers.raw]
         if sent != list(request.headers):
             raise ValueError(f"the request would go out with other headers: {sent}")
-        parts = urlsplit(request.url)
-        target = (parts.path or "/") + (f"?{parts.query}" if "?" in request.url else "")
         if built.url.raw_path != target.encode("ascii", "replace"):
             raise ValueError(f"the request would go out for {built.url.raw_path!r}, not {target!r}")
         if self._exact is None:
-            self._exact = httpx.AsyncClient(trust_env=False, follow_redirects=False, timeout=None)
+            self._exact = httpx.AsyncClient(  # no keep-alive: a connection is one pinned fetch's
+                trust_env=False,
+                follow_redirects=False,
+                timeout=None,
+                limits=httpx.Limits(max_keepalive_connections=0),
+            )
         try:
             response = await self._exact.send(built, stream=True)
         except httpx.HTTPError as exc:

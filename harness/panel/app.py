@@ -17,16 +17,21 @@ Routes (every one behind the access token):
 =====================================  =========================================================
 
 Access: the token comes once in the URL the command prints (``/?token=…``); the panel answers
-with an HttpOnly, SameSite=Strict cookie and a redirect to the same page without it. Anything
-without the cookie (or an ``Authorization: Bearer`` header) is 401. Templates autoescape every
-value, and a Content-Security-Policy allows only the panel's own script and stylesheet.
+with a redirect to the same page without it and an HttpOnly, SameSite=Strict cookie holding a
+random browser-session value (never the token; Secure on https). Anything without that cookie
+(or an ``Authorization: Bearer <token>`` header) is 401. A POST is refused (403) unless it
+comes from the panel's own pages: ``Sec-Fetch-Site`` same-origin (or none), ``Origin`` the
+panel's own, and, with neither header, only with the Bearer token (see ``harness.panel.access``).
+Templates autoescape every value, attributes included (JSON goes through the ``json`` filter,
+plain text, never ``tojson``'s markup), and a Content-Security-Policy allows only the panel's
+own script and stylesheet.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import io
+import json
 import secrets
 import tarfile
 import tempfile
@@ -39,6 +44,7 @@ import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from harness.panel.access import SAFE_METHODS, BrowserSessions, cross_site_refusal
 from harness.panel.jobs import Job, Jobs, run_replay, run_verify
 from harness.panel.source import Opened, Source
 from harness.panel.views import (
@@ -65,7 +71,9 @@ HEADERS = {
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin, not no-referrer: under no-referrer a browser sends ``Origin: null`` with
+    # the panel's own form POSTs, which the cross-site guard must refuse
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cache-Control": "no-store",
 }
@@ -79,6 +87,9 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    # JSON as plain text, escaped like every other value (``tojson`` is markup: its quotes
+    # would end a double-quoted attribute)
+    env.filters["json"] = lambda value: json.dumps(value, sort_keys=True, ensure_ascii=False)
     env.filters["short"] = lambda value, n=16: (
         value if len(str(value)) <= n else str(value)[:n] + "…"
     )
@@ -104,14 +115,21 @@ def export_tar(source: Source, stream: str) -> bytes:
         return buffer.getvalue()
 
 
+#: A redacted panel runs no replay or verify: their byte diffs would show what is redacted.
+REDACTED_NO_JOBS = "this panel shows the record redacted (--redact): replay and verify are off"
+
+
 def create_app(source: Source, *, token: str | None = None) -> FastAPI:
     """The panel over ``source``; ``app.state.token`` is the access token."""
     token = token or secrets.token_urlsafe(32)
-    # one cookie per panel (cookies ignore the port): named after the token's digest
-    cookie = "affidavit_panel_" + hashlib.sha256(token.encode()).hexdigest()[:12]
+    # one cookie name per panel (cookies ignore the port); its value is a browser session's
+    cookie = "affidavit_panel_" + secrets.token_hex(6)
     app = FastAPI(title="Affidavit panel", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.token = token
+    app.state.cookie = cookie
     app.state.source = source
+    browsers = BrowserSessions()
+    app.state.browsers = browsers
     jobs = Jobs()
     app.state.jobs = jobs
     env = _environment()
@@ -127,34 +145,55 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
     def denied(reason: str) -> HTMLResponse:
         return HTMLResponse(env.get_template("denied.html").render(reason=reason), status_code=401)
 
+    def sign_in(request: Request, given: str) -> Response:
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return denied("this is not the panel's access token")
+        # once in the URL, then a session cookie: the token leaves the address bar
+        rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+        path = "/" + request.url.path.lstrip("/")  # never //host: no open redirect
+        target = path + (f"?{urlencode(rest)}" if rest else "")
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(
+            cookie,
+            browsers.open(),
+            httponly=True,
+            samesite="strict",
+            path="/",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
     @app.middleware("http")
     async def guard(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
         given = request.query_params.get("token")
+        bearer = request.headers.get("authorization", "")
+        response: Response
         if given is not None:
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                response: Response = denied("this is not the panel's access token")
-            else:  # once in the URL, then a cookie: the token leaves the address bar
-                rest = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-                path = "/" + request.url.path.lstrip("/")  # never //host: no open redirect
-                target = path + (f"?{urlencode(rest)}" if rest else "")
-                response = RedirectResponse(target, status_code=303)
-                response.set_cookie(
-                    cookie, token, httponly=True, samesite="strict", path="/", secure=False
-                )
-        else:
-            presented = request.cookies.get(cookie, "")
-            bearer = request.headers.get("authorization", "")
-            if bearer.lower().startswith("bearer "):
-                presented = bearer[7:].strip()
-            if presented and hmac.compare_digest(presented.encode(), token.encode()):
-                response = await call_next(request)
+            response = sign_in(request, given)
+        elif bearer.lower().startswith("bearer "):
+            if not hmac.compare_digest(bearer[7:].strip().encode(), token.encode()):
+                response = denied("this is not the panel's access token")
             else:
-                response = denied("open the URL `affidavit panel` printed (it carries the token)")
+                response = await checked(request, call_next, bearer=True)
+        elif browsers.holds(request.cookies.get(cookie, "")):
+            response = await checked(request, call_next, bearer=False)
+        else:
+            response = denied("open the URL `affidavit panel` printed (it carries the token)")
         for name, value in HEADERS.items():
             response.headers.setdefault(name, value)
         return response
+
+    async def checked(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]], *, bearer: bool
+    ) -> Response:
+        """An authenticated request: a POST only from the panel's own pages."""
+        if request.method not in SAFE_METHODS:
+            refusal = cross_site_refusal(request, bearer=bearer)
+            if refusal is not None:
+                return page("error.html", status=403, message=refusal, title="Refused")
+        return await call_next(request)
 
     def missing(exc: Exception, status: int = 404) -> HTMLResponse:
         return page("error.html", status=status, message=str(exc), title="Not found")
@@ -243,6 +282,8 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             return missing(exc)
         if opened is None:
             return page("error.html", status=403, message="none of the panel's keys opens it")
+        if source.redaction:
+            return page("error.html", status=409, message=REDACTED_NO_JOBS)
         try:
             view = turn_view(record, opened, turn)
         except NoTurn as exc:
@@ -307,6 +348,8 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             return missing(exc)
         if opened is None:
             return page("error.html", status=403, message="none of the panel's keys opens it")
+        if source.redaction:
+            return page("error.html", status=409, message=REDACTED_NO_JOBS)
         rows = call_rows(opened)
         if kind == "replay":
             refusal = calls_refusal(source, rows)

@@ -47,13 +47,25 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[
             bool, typer.Option("--json", help="print one JSON document with the URL")
         ] = False,
+        redact: Annotated[
+            str | None,
+            typer.Option(
+                metavar="RULES",
+                help="show every page redacted: FIELD, KIND:FIELD or re:PATTERN, comma-separated",
+            ),
+        ] = None,
     ) -> None:
         """Serve the reproducibility panel (sessions, turns, replay, verify, export)."""
         from harness.state import Home, HomeMissing
+        from record.redact import RedactionRules
         from record.seal import KeyPair
 
         if bundle is not None and key is None:
             raise typer.BadParameter("--bundle needs --key FILE (your key)", param_hint="--key")
+        try:
+            rules = RedactionRules.parse(redact or "")
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--redact") from None
         try:
             from harness.panel.server import RunningPanel, serve_forever
             from harness.panel.source import ApplianceSource, BundleSource, Source
@@ -81,6 +93,7 @@ def register(app: typer.Typer) -> None:
         except HomeMissing as exc:
             print(f"affidavit: missing: {exc}", file=sys.stderr)
             raise typer.Exit(3) from None
+        source.redaction = rules or None
 
         def ready(up: RunningPanel) -> None:
             if as_json:

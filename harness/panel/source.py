@@ -22,6 +22,7 @@ from record.bundle import CHECKPOINTS, ENTRIES, INDEX, LOG_KEY
 from record.checkpoint import Checkpoint, CheckpointError, Verifier, log_origin, open_checkpoint
 from record.errors import CannotOpen, SchemaError, StoreMissing, UnknownStream
 from record.reader import StreamKeys
+from record.redact import RedactionRules
 from record.schema import Entry, StreamOpened, Strict, parse_entry
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
@@ -34,6 +35,7 @@ __all__ = [
     "Position",
     "Source",
     "StreamRecord",
+    "check_inclusion",
 ]
 
 Mode = Literal["appliance", "bundle"]
@@ -114,8 +116,8 @@ class StreamRecord:
             except SchemaError:
                 continue  # the audit names it (malformed_entry)
             self.leaf_index.append(i)
-        self._anchor: tuple[Checkpoint, str] | None = None
-        self._anchored = False
+        self._signed: list[tuple[Checkpoint, str]] | None = None
+        self._anchor: tuple[Checkpoint, str] | Literal[False] | None = None  # False: none
 
     @property
     def last_activity(self) -> str | None:
@@ -132,12 +134,13 @@ class StreamRecord:
                 return body
         return None
 
-    def anchor(self) -> tuple[Checkpoint, str] | None:
-        """The latest checkpoint signed by the log key, for this stream's origin, whose root
-        is the root of the stored tree at its size: what inclusion proofs lead to."""
-        if self._anchored:
-            return self._anchor
-        found: tuple[Checkpoint, str] | None = None
+    def signed(self) -> list[tuple[Checkpoint, str]]:
+        """Every checkpoint whose signature the log key verifies, for this stream's origin,
+        largest first, each with who signed it. Nothing here compares it with the stored tree:
+        that is what the proofs and the audit are for."""
+        if self._signed is not None:
+            return self._signed
+        found: list[tuple[Checkpoint, str]] = []
         if self.log_key:
             try:
                 verifier = Verifier.from_vkey(self.log_key)
@@ -145,32 +148,45 @@ class StreamRecord:
                 verifier = None
             if verifier is not None:
                 origin = log_origin(verifier.name, verifier.key_id, self.stream)
-                signed = []
+                signer = f"signed by {verifier.name} ({verifier.key_id.hex()})"
                 for note in self.notes:
                     try:
-                        signed.append(open_checkpoint(note, [verifier])[0])
+                        cp = open_checkpoint(note, [verifier])[0]
                     except CheckpointError:
                         continue
-                for cp in sorted(signed, key=lambda c: c.size, reverse=True):
-                    if cp.origin != origin or not 0 < cp.size <= len(self.leaves):
-                        continue
-                    if merkle.root(self.leaves[: cp.size]) == cp.root_hash:
-                        found = (cp, f"signed by {verifier.name} ({verifier.key_id.hex()})")
-                        break
-        self._anchor, self._anchored = found, True
-        return found
+                    if cp.origin == origin and cp.size > 0:
+                        found.append((cp, signer))
+        self._signed = sorted(found, key=lambda f: f[0].size, reverse=True)
+        return self._signed
+
+    def anchor(self) -> tuple[Checkpoint, str] | None:
+        """The latest signed checkpoint whose root is the root of the stored tree at its size:
+        how far the record health calls the stream covered."""
+        if self._anchor is None:
+            self._anchor = next(
+                (
+                    (cp, signer)
+                    for cp, signer in self.signed()
+                    if cp.size <= len(self.leaves)
+                    and merkle.root(self.leaves[: cp.size]) == cp.root_hash
+                ),
+                False,
+            )
+        return self._anchor or None
 
     def position(self, entry_index: int) -> Position:
-        """Where the ``entry_index``-th entry sits, with its proof against the anchor."""
+        """Where the ``entry_index``-th entry sits, with its inclusion proof against the latest
+        signed checkpoint the record reaches (never the latest one whose root the stored tree
+        matches: a changed entry must show as a proof that fails, not fall back to an older
+        checkpoint; a checkpoint beyond the stored entries is the audit's ``truncated``)."""
         entry = self.entries[entry_index]
         index = self.leaf_index[entry_index]
-        leaf = self.leaves[index]
-        pos = Position(self.stream, entry.seq, index, leaf.hex())
-        anchor = self.anchor()
-        if anchor is None:
+        pos = Position(self.stream, entry.seq, index, self.leaves[index].hex())
+        reached = [(cp, signer) for cp, signer in self.signed() if cp.size <= len(self.leaves)]
+        if not reached:
             pos.detail = "no checkpoint signed by the log key covers this stream yet"
             return pos
-        cp, signer = anchor
+        cp, signer = reached[0]
         pos.checkpoint_size, pos.root = cp.size, cp.root_hash.hex()
         if index >= cp.size:
             pos.detail = (
@@ -179,18 +195,7 @@ class StreamRecord:
             )
             return pos
         proof = merkle.inclusion_proof(index, self.leaves[: cp.size])
-        pos.proof = [h.hex() for h in proof]
-        try:
-            merkle.verify_inclusion(index, cp.size, leaf, proof, cp.root_hash)
-        except merkle.MerkleError as exc:
-            pos.detail = f"the proof does not verify: {exc}"
-            return pos
-        pos.verified = True
-        pos.detail = (
-            f"included in the checkpoint of {cp.size} entries {signer}: "
-            f"{len(proof)} hashes lead from the leaf to its root"
-        )
-        return pos
+        return check_inclusion(pos, self.rows[index].line, proof, cp, signer)
 
     def health(self) -> Health:
         labelled = [(f"checkpoint #{i}", note) for i, note in enumerate(self.notes)]
@@ -206,6 +211,29 @@ class StreamRecord:
         return Health(len(self.rows), len(self.notes), size, at, gaps, problems)
 
 
+def check_inclusion(
+    pos: Position, line: bytes, proof: list[bytes], cp: Checkpoint, signer: str
+) -> Position:
+    """Mark ``pos`` verified only if ``proof`` leads from the leaf of ``line`` (the entry as
+    stored) to the checkpoint's signed root; otherwise say why not."""
+    leaf = merkle.hash_leaf(line)
+    pos.leaf_hash = leaf.hex()
+    pos.checkpoint_size, pos.root = cp.size, cp.root_hash.hex()
+    pos.proof = [h.hex() for h in proof]
+    pos.verified = False
+    try:
+        merkle.verify_inclusion(pos.index, cp.size, leaf, proof, cp.root_hash)
+    except merkle.MerkleError as exc:
+        pos.detail = f"the proof does not verify against the signed root: {exc}"
+        return pos
+    pos.verified = True
+    pos.detail = (
+        f"included in the checkpoint of {cp.size} entries {signer}: "
+        f"{len(proof)} hashes lead from the leaf to its root"
+    )
+    return pos
+
+
 @dataclass
 class Opened:
     """A stream's bodies as one recipient key opens them (``None`` where one does not)."""
@@ -214,6 +242,7 @@ class Opened:
     key_name: str
     bodies: list[tuple[int, Strict | None]]
     errors: dict[int, str]
+    redaction: RedactionRules | None = None  # pages show these bodies redacted (--redact)
 
     def strict(self) -> list[tuple[int, Strict]]:
         return [(seq, body) for seq, body in self.bodies if body is not None]
@@ -243,6 +272,7 @@ class Source:
 
     mode: Mode
     home: Home | None = None
+    redaction: RedactionRules | None = None  # ``affidavit panel --redact``: every page redacted
 
     def streams(self) -> list[str]:
         raise NotImplementedError

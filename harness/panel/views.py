@@ -19,6 +19,7 @@ from harness.panel.source import (
     StreamRecord,
     open_stream,
 )
+from record.limits import JsonRefused, load_json
 from record.schema import (
     FetchRequest,
     FetchResponse,
@@ -31,6 +32,7 @@ from record.schema import (
     TurnDecided,
     TurnEnded,
     TurnStarted,
+    body_kind,
 )
 
 __all__ = [
@@ -69,8 +71,9 @@ def pretty_bytes(data: bytes | None) -> str:
     if data is None:
         return ""
     try:
-        return text_of(pretty(json.loads(data)).encode())
-    except ValueError:
+        # a lone surrogate (a legal JSON escape) is shown as its escape, not an error
+        return text_of(pretty(load_json(data)).encode("utf-8", "backslashreplace"))
+    except JsonRefused:  # not JSON, or past record.limits: shown as text
         return text_of(data)
 
 
@@ -85,8 +88,8 @@ def reply_parts(data: bytes | None) -> tuple[str, list[tuple[str, str]]]:
     stripped = data.lstrip()
     if stripped.startswith(b"{"):
         try:
-            return _whole_reply(json.loads(stripped))
-        except ValueError:
+            return _whole_reply(load_json(stripped))
+        except JsonRefused:
             return text_of(data), []
     text: list[str] = []
     calls: dict[int, list[str]] = {}
@@ -94,28 +97,29 @@ def reply_parts(data: bytes | None) -> tuple[str, list[tuple[str, str]]]:
         event = raw.json()
         if event is None:
             continue
-        for choice in event.get("choices") or []:  # OpenAI chunks
-            delta = choice.get("delta") or {} if isinstance(choice, dict) else {}
+        for choice in _list(event.get("choices")):  # OpenAI chunks
+            delta = _dict(choice.get("delta")) if isinstance(choice, dict) else {}
             if isinstance(delta.get("content"), str):
                 text.append(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                slot = calls.setdefault(int(call.get("index", len(calls))), ["", ""])
-                function = call.get("function") or {}
-                slot[0] += function.get("name") or ""
-                slot[1] += function.get("arguments") or ""
+            for call in _list(delta.get("tool_calls")):
+                call = _dict(call)
+                slot = calls.setdefault(_index(call, len(calls)), ["", ""])
+                function = _dict(call.get("function"))
+                slot[0] += str(function.get("name") or "")
+                slot[1] += str(function.get("arguments") or "")
         kind = event.get("type")  # Anthropic events
         if kind == "content_block_start":
-            block = event.get("content_block") or {}
+            block = _dict(event.get("content_block"))
             if block.get("type") == "tool_use":
-                calls[int(event.get("index", len(calls)))] = [str(block.get("name", "")), ""]
+                calls[_index(event, len(calls))] = [str(block.get("name", "")), ""]
             elif block.get("type") == "text" and block.get("text"):
                 text.append(str(block["text"]))
         elif kind == "content_block_delta":
-            delta = event.get("delta") or {}
+            delta = _dict(event.get("delta"))
             if delta.get("type") == "text_delta":
                 text.append(str(delta.get("text", "")))
             elif delta.get("type") == "input_json_delta":
-                slot = calls.setdefault(int(event.get("index", len(calls))), ["", ""])
+                slot = calls.setdefault(_index(event, len(calls)), ["", ""])
                 slot[1] += str(delta.get("partial_json", ""))
     return "".join(text), [(name, args) for _, (name, args) in sorted(calls.items())]
 
@@ -124,14 +128,14 @@ def _whole_reply(reply: Any) -> tuple[str, list[tuple[str, str]]]:
     if not isinstance(reply, dict):
         return "", []
     text, calls = [], []
-    for choice in reply.get("choices") or []:
-        message = choice.get("message") or {}
+    for choice in _list(reply.get("choices")):
+        message = _dict(choice.get("message")) if isinstance(choice, dict) else {}
         if isinstance(message.get("content"), str):
             text.append(message["content"])
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
+        for call in _list(message.get("tool_calls")):
+            function = _dict(call.get("function")) if isinstance(call, dict) else {}
             calls.append((str(function.get("name", "")), str(function.get("arguments", ""))))
-    for block in reply.get("content") or []:
+    for block in _list(reply.get("content")):
         if isinstance(block, dict) and block.get("type") == "text":
             text.append(str(block.get("text", "")))
         elif isinstance(block, dict) and block.get("type") == "tool_use":
@@ -139,11 +143,25 @@ def _whole_reply(reply: Any) -> tuple[str, list[tuple[str, str]]]:
     return "".join(text), calls
 
 
+def _list(value: Any) -> list[Any]:
+    """A reply's member read as a list: whatever else an upstream sent there reads as none."""
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _index(holder: dict[str, Any], default: int) -> int:
+    index = holder.get("index")
+    return index if isinstance(index, int) and not isinstance(index, bool) else default
+
+
 def mcp_result_text(data: bytes | None) -> tuple[str, bool]:
     """An MCP ``tools/call`` result's text items, and whether it says it is an error."""
     try:
-        result = json.loads(data or b"")
-    except ValueError:
+        result = load_json(data or b"")
+    except JsonRefused:
         return text_of(data), False
     if not isinstance(result, dict):
         return text_of(data), False
@@ -246,7 +264,21 @@ def read_stream(source: Source, stream: str) -> tuple[StreamRecord, Opened | Non
     """The stream's record, and its bodies opened with the first of the source's keys that
     is a recipient of it (None: none is)."""
     record = source.record(stream)
-    return record, open_stream(record, source.keys())
+    opened = open_stream(record, source.keys())
+    if opened is not None:
+        opened.redaction = source.redaction
+    return record, opened
+
+
+def shown_bodies(opened: Opened) -> list[tuple[int, Strict]]:
+    """The opened bodies as pages show them: with ``--redact``, redacted copies (for display
+    only: ``record.redact``); replay and verify jobs get ``opened`` itself."""
+    bodies = opened.strict()
+    if not opened.redaction:
+        return bodies
+    redacted = opened.redaction.stream((body_kind(b), b) for _, b in bodies)
+    shown = [redacted.shown_body(i) for i in range(len(bodies))]
+    return [(seq, b) for (seq, _), b in zip(bodies, shown, strict=True) if isinstance(b, Strict)]
 
 
 def session_view(source: Source, stream: str) -> SessionView:
@@ -257,7 +289,7 @@ def session_view(source: Source, stream: str) -> SessionView:
     at = {e.seq: e.occurred_at for e in record.entries}
     pins: dict[str, Any] | None = None
     current: TurnRow | None = None
-    for seq, body in opened.bodies if opened else []:
+    for seq, body in shown_bodies(opened) if opened else []:
         if isinstance(body, PinsSet):
             pins = dict(body.pins) or None
         elif isinstance(body, TurnStarted):
@@ -353,7 +385,7 @@ def turn_view(record: StreamRecord, opened: Opened, turn: int) -> TurnView:
     """Turn ``turn`` of the stream, step by step, every entry with its position and proof."""
     at = {e.seq: e.occurred_at for e in record.entries}
     index = {e.seq: i for i, e in enumerate(record.entries)}
-    bodies = opened.strict()
+    bodies = shown_bodies(opened)
     start = next(
         (i for i, (_, b) in enumerate(bodies) if isinstance(b, TurnStarted) and b.turn == turn),
         None,

@@ -52,37 +52,97 @@ class FakeAmd:
     roots: dict[str, str]
 
 
-def fake_amd(product: str, tcb: dict[str, int], hwid: bytes) -> FakeAmd:
+def fake_amd(
+    product: str,
+    tcb: dict[str, int],
+    hwid: bytes | None,
+    *,
+    vek_curve: ec.EllipticCurve | None = None,
+    ask_issuer: str | None = None,
+    vek_issuer: str | None = None,
+    ark_validity: tuple[datetime, datetime] | None = None,
+    vek_cn: str = "SEV-VCEK",
+    csp_id: str | None = None,
+    ask_pkcs1: bool = False,
+    ask_ec: bool = False,
+    vek_extensions: dict[str, bytes] | None = None,
+    ark_forged: bool = False,
+) -> FakeAmd:
+    """The chain, well formed unless an option breaks one thing in it (for the negative
+    tests): ``vek_curve`` another curve for the VCEK's key (AMD's is P-384); ``ask_issuer``
+    or ``vek_issuer`` an issuer name other than the signer's subject, the signature still
+    made by the signer's key; ``ark_validity`` the ARK's window (the others keep theirs).
+    ``vek_cn`` and ``csp_id`` (a VLEK's cloud provider) make a VLEK of it, with no hwID.
+    ``ask_pkcs1``: the ARK signs the ASK with PKCS#1 v1.5, not PSS; ``ask_ec``: the ASK's key
+    is an EC key (it signs the VCEK with ECDSA). ``vek_extensions``: more of AMD's extensions
+    on the VCEK, as raw values by OID suffix (``"3.1"``: the BOOT_LOADER SVN). ``ark_forged``:
+    the ARK carries its key but its self-signature is made by another one."""
     start = datetime(2025, 1, 1, tzinfo=UTC)
     ark_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    ask_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    vek_key = ec.generate_private_key(ec.SECP384R1())
+    ask_key: Any = (
+        ec.generate_private_key(ec.SECP384R1())
+        if ask_ec
+        else rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    )
+    vek_key = ec.generate_private_key(vek_curve or ec.SECP384R1())
 
-    def cert(subject: str, issuer: str, key: Any, signer: Any, exts: list[Any]) -> Any:
+    def cert(
+        subject: str,
+        issuer: str,
+        key: Any,
+        signer: Any,
+        exts: list[Any],
+        validity: tuple[datetime, datetime] | None = None,
+        pss: bool = True,
+    ) -> Any:
+        not_before, not_after = validity or (start, start + timedelta(days=3650))
         builder = (
             x509.CertificateBuilder()
             .subject_name(_name(subject))
             .issuer_name(_name(issuer))
             .public_key(key)
             .serial_number(x509.random_serial_number())
-            .not_valid_before(start)
-            .not_valid_after(start + timedelta(days=3650))
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
         )
         for ext in exts:
             builder = builder.add_extension(ext, critical=False)
-        return builder.sign(signer, hashes.SHA384(), rsa_padding=_PSS)
+        if not isinstance(signer, rsa.RSAPrivateKey):
+            return builder.sign(signer, hashes.SHA384())
+        return builder.sign(signer, hashes.SHA384(), rsa_padding=_PSS if pss else None)
 
-    ark = cert(f"ARK-{product}", f"ARK-{product}", ark_key.public_key(), ark_key, [])
-    ask = cert(f"SEV-{product}", f"ARK-{product}", ask_key.public_key(), ark_key, [])
+    forger = rsa.generate_private_key(public_exponent=65537, key_size=2048) if ark_forged else None
+    ark = cert(
+        f"ARK-{product}",
+        f"ARK-{product}",
+        ark_key.public_key(),
+        forger or ark_key,
+        [],
+        ark_validity,
+    )
+    ask = cert(
+        f"SEV-{product}",
+        ask_issuer or f"ARK-{product}",
+        ask_key.public_key(),
+        ark_key,
+        [],
+        pss=not ask_pkcs1,
+    )
     oids = {"bl": 1, "tee": 2, "snp": 3, "ucode": 8, "fmc": 9}
-    exts = [
-        x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.2"), _ia5(product)),
-        x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.4"), hwid),
-    ] + [
+    exts = [x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.2"), _ia5(product))]
+    if hwid is not None:  # None: a VCEK without the hwID extension
+        exts.append(x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.4"), hwid))
+    if csp_id is not None:
+        exts.append(x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.5"), _ia5(csp_id)))
+    exts += [
         x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.3.{oids[k]}"), _der_int(v))
         for k, v in tcb.items()
     ]
-    vek = cert("SEV-VCEK", f"SEV-{product}", vek_key.public_key(), ask_key, exts)
+    exts += [
+        x509.UnrecognizedExtension(x509.ObjectIdentifier(f"{_AMD}.{suffix}"), value)
+        for suffix, value in (vek_extensions or {}).items()
+    ]
+    vek = cert(vek_cn, vek_issuer or f"SEV-{product}", vek_key.public_key(), ask_key, exts)
     return FakeAmd(
         vek_key=vek_key,
         vek=vek.public_bytes(Encoding.DER),
@@ -103,9 +163,10 @@ def v5_report(
     measurement: bytes = bytes(range(100, 148)),
     report_data: bytes = bytes(range(64)),
     policy: int = 0x30000 | (1 << 19),
+    chip_id: bytes = CHIP_ID,
 ) -> bytes:
     """A synthetic version-5 report (a test double): each field a recognisable value, or the
-    measurement and report_data given."""
+    measurement, report_data and CHIP_ID given."""
     r = bytearray(REPORT_SIZE)
     struct.pack_into("<IIQ", r, 0x000, 5, 7, policy)  # version, guest_svn, policy
     r[0x010:0x020] = b"F" * 16  # family_id
@@ -123,7 +184,7 @@ def v5_report(
     r[0x160:0x180] = b"M" * 32  # report_id_ma
     r[0x180:0x188] = tcb  # reported_tcb
     r[0x188:0x18B] = bytes([cpuid_family, 0x02, 0x01])  # cpuid fam, model, stepping
-    r[0x1A0:0x1E0] = CHIP_ID
+    r[0x1A0:0x1E0] = chip_id
     r[0x1E0:0x1E8] = bytes([1, 2, 3, 4, 0, 0, 0, 0x60])  # committed_tcb
     r[0x1E8:0x1F0] = bytes([21, 55, 1, 0, 20, 55, 1, 0])  # current b/m/M, committed b/m/M
     r[0x1F0:0x1F8] = bytes([1, 2, 3, 4, 0, 0, 0, 0x50])  # launch_tcb
@@ -133,3 +194,29 @@ def v5_report(
     r[SIGNED_SIZE : SIGNED_SIZE + 72] = sig_r.to_bytes(72, "little")
     r[SIGNED_SIZE + 72 : SIGNED_SIZE + 144] = sig_s.to_bytes(72, "little")
     return bytes(r)
+
+
+def vek_with_extensions(extensions: dict[str, bytes], cn: str | None = "SEV-VCEK") -> bytes:
+    """A certificate (DER) carrying AMD's extensions as the raw values given (OID suffix
+    after 1.3.6.1.4.1.3704.1, e.g. ``"3.1"`` → value): for the extension parser's tests,
+    which read the extensions only (its signer is a throwaway key). ``cn`` None: a subject
+    with no common name."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(
+            _name(cn)
+            if cn is not None
+            else x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "No CN")])
+        )
+        .issuer_name(_name("SEV-Test"))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + timedelta(days=1))
+    )
+    for suffix, value in extensions.items():
+        oid = x509.ObjectIdentifier(f"{_AMD}.{suffix}")
+        builder = builder.add_extension(x509.UnrecognizedExtension(oid, value), critical=False)
+    return builder.sign(key, hashes.SHA384()).public_bytes(Encoding.DER)

@@ -37,6 +37,8 @@ import pytest
 from egress_proxy.recovery import Recovered, recover_unknown
 from egress_proxy.server import ProxyServer
 from egress_proxy.sse import EventSplitter, parse_event
+from record import merkle
+from record.checkpoint import open_checkpoint
 from record.digest import Domain, canonical_json, digest
 from record.log import Log
 from record.schema import (
@@ -250,6 +252,11 @@ def test_a_non_streamed_reply_carries_the_annotation_and_the_facts(fresh: Rig) -
         note["response_digest"] == reply.response_digest == digest(Domain.RESPONSE, upstream_body)
     )
     assert note["checkpoint"].startswith("affidavit-log/")
+    # The annotation's checkpoint covers the reply it annotates (signed in its commit).
+    signed, _ = open_checkpoint(note["checkpoint"].encode(), [rig.log.signer.verifier()])
+    assert signed.size > note["seq"]
+    leaves = rig.log.store.leaf_hashes(session.session_id, signed.size)
+    assert merkle.root(leaves) == signed.root_hash
 
     streamed = (
         b'data: {"id":"c","system_fingerprint":"fp_s","choices":[]}\n\n'

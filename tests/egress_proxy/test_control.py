@@ -106,7 +106,7 @@ def test_set_pins_records_then_applies(rig: Rig, client: ControlClient) -> None:
 def test_append_event_appends_through_the_log(rig: Rig, client: ControlClient) -> None:
     opened = client.open_session([rig.user.recipient])
     first = client.append_event(opened.session_id, "turn.started", started(0, b"hello"))
-    assert first.seq == 1 and not first.HasField("checkpoint")
+    assert first.seq == 1 and first.HasField("checkpoint")  # every commit is signed
     answer = b"hi there"
     ended = TurnEnded(
         turn=0,

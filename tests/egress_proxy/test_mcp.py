@@ -12,7 +12,8 @@
 - A spawned server has no network: it cannot reach a loopback listener, while the same
   server with ``network = "host"`` can (so the check is not vacuous).
 - The remote upstream gets the configured bearer token and never the session's.
-- Bad input: unknown server 404, missing or wrong token 401, a JSON-RPC batch 400.
+- Bad input: unknown server 404, missing or wrong token 401, a JSON-RPC batch 400, a body
+  past ``record.limits`` 400 ``past_limit``.
 """
 
 from __future__ import annotations
@@ -228,6 +229,15 @@ def test_bad_requests_are_refused_before_the_sdk(tools: ToolRig) -> None:
         headers={"authorization": f"Bearer {session.token}", "accept": "application/json"},
     )
     assert response.status_code == 400 and response.json()["error"]["code"] == "malformed_json"
+    call = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"x":'
+    for past in ("[" * 5000 + "]" * 5000, "9" * 5000):  # record.limits: nesting, number length
+        response = httpx.post(
+            mcp_url(session, "ours"),
+            content=(call + past + "}}}").encode(),
+            headers={"authorization": f"Bearer {session.token}", "accept": "application/json",
+                     "content-type": "application/json"},
+        )  # fmt: skip
+        assert response.status_code == 400 and response.json()["error"]["code"] == "past_limit"
     assert len(rig.bodies(session.session_id)) == before  # none of these is recorded
 
 

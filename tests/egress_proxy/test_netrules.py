@@ -114,6 +114,26 @@ def test_render_names_only_the_proxy_and_the_api() -> None:
     assert "skuid" not in render(RULES)
 
 
+def test_loopback_is_ruled_by_uid_where_the_proxy_shares_the_namespace() -> None:
+    shared = render(
+        HarnessRules(IPv4Address("127.0.0.1"), (8700,), 8600, proxy_uid=1001, loopback_uids=(0,))
+    )
+    assert "define loopback_uids = { 0, 1001 }" in shared
+    assert '\t\toif "lo" jump loopback\n' in shared and 'oif "lo" accept' not in shared
+    chain = shared[shared.index("\tchain loopback {") :]
+    chain = chain[: chain.index("\t}")]
+    rules = [line.strip().split(" comment ")[0] for line in chain.splitlines()[1:]]
+    assert rules == [
+        "ct state established,related accept",  # replies of connections let through
+        "meta skuid $loopback_uids accept",  # the proxy (and root): every loopback port
+        "tcp dport $proxy_ports accept",  # any other uid: the proxy's port only
+        "meta l4proto tcp reject with tcp reset",  # and refused at once elsewhere
+        "reject",
+    ]
+    # Its own namespace (APPLIANCE): loopback holds only the harness, and stays open.
+    assert 'oif "lo" accept' in render(RULES) and "reject" not in render(RULES)
+
+
 def test_rules_refuse_nonsense() -> None:
     with pytest.raises(ValueError):
         HarnessRules(IPv4Address("10.0.0.1"), (), 8600)
@@ -123,6 +143,8 @@ def test_rules_refuse_nonsense() -> None:
         HarnessRules(IPv4Address("10.0.0.1"), (8700,), 0)
     with pytest.raises(ValueError):
         HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_uid=-1)
+    with pytest.raises(ValueError):
+        HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_uid=1, loopback_uids=(-1,))
     with pytest.raises(TypeError):
         HarnessRules("10.0.0.1", (8700,), 8600)  # type: ignore[arg-type]
 

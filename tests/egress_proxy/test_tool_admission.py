@@ -10,6 +10,10 @@ session's committed reply, with that call's name and canonical arguments.
 - Concurrent identical calls admit one.
 - With ``_meta``: the named call's name and arguments must match, and it is served once.
 - An unknown outcome may be sent again only as resume would: idempotent, or a person's retry.
+- A ``FAILED`` or ``UNKNOWN`` reply admits nothing, though its bytes hold the very call: named
+  in ``_meta`` it is 409 ``reply_not_committed`` *because* it is no committed reply (the
+  message says what the record holds there), and without ``_meta`` it is never the reply a
+  call is matched against.
 - The calls a reply asked for are read from every shape (OpenAI Chat, Anthropic Messages,
   Responses; JSON and SSE, arguments joined from deltas).
 - End to end: the real embedded engine asks for a tool through a pinned session; the SDK
@@ -18,6 +22,7 @@ session's committed reply, with that call's name and canonical arguments.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -34,9 +39,16 @@ from egress_proxy.admission import reply_calls
 from egress_proxy.server import ProxyServer
 from record.digest import Domain, canonical_json, digest
 from record.log import Log
-from record.schema import ToolCall, ToolResult, TurnDecided
+from record.schema import ModelResponse, ToolCall, ToolResult, TurnDecided
 from record.seal import KeyPair
-from tests.egress_proxy.loopback import ENV, LoopbackServer, Rig, proxy_config, read_bodies
+from tests.egress_proxy.loopback import (
+    ENV,
+    LoopbackServer,
+    Rig,
+    Script,
+    proxy_config,
+    read_bodies,
+)
 from tests.egress_proxy.tool_rig import (
     Remote,
     ToolRig,
@@ -346,6 +358,72 @@ def _unknown_echo(rig: Rig, session: Any, seq: int) -> ToolResult:
     )
     appended = rig.log.append(session.session_id, call)
     return ToolResult(call_seq=appended.seq, outcome="UNKNOWN")
+
+
+ASKED_JSON = (
+    b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+    b'"finish_reason":"tool_calls","message":{"role":"assistant","content":null,"tool_calls":'
+    b'[{"id":"call_z","type":"function","function":{"name":"remote__peek",'
+    b'"arguments":"{\\"q\\": 9}"}}]}}]}'
+)
+ASKED_SSE = (
+    b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_z",'
+    b'"type":"function","function":{"name":"remote__peek","arguments":"{\\"q\\": 9}"}}]}}]}\n\n'
+)
+
+
+def _uncommitted_reply(rig: Rig, session: Any, outcome: str) -> int:
+    """A model reply recorded ``FAILED`` (the upstream's 500) or ``UNKNOWN`` (the stream cut
+    after the call arrived) whose bytes ask for ``call_z``: ``remote__peek {"q": 9}``."""
+    if outcome == "FAILED":
+        rig.upstream.script = Script(chunks=[ASKED_JSON], status=500)
+        body = b'{"model":"m","messages":[]}'
+    else:
+        rig.upstream.script = Script(chunks=[ASKED_SSE], content_type="text/event-stream", cut=True)
+        body = b'{"model":"m","messages":[],"stream":true}'
+    headers = {"authorization": f"Bearer {session.token}"}
+    with contextlib.suppress(httpx.HTTPError):  # the cut reaches the client too
+        httpx.post(f"{session.openai_base_url}/chat/completions", content=body, headers=headers)
+    bodies = rig.bodies(session.session_id)
+    seq = max(s for s, (_, b) in bodies.items() if isinstance(b, ModelResponse))
+    reply = bodies[seq][1]
+    assert isinstance(reply, ModelResponse) and reply.outcome == outcome
+    held = reply.response_bytes if outcome == "UNKNOWN" else reply.error_bytes
+    assert held is not None and b"call_z" in held  # the call is right there in its bytes
+    return seq
+
+
+@pytest.mark.parametrize("outcome", ["FAILED", "UNKNOWN"])
+def test_a_failed_or_unknown_reply_admits_nothing(tools: ToolRig, outcome: str) -> None:
+    rig, remote = tools.rig, tools.remote
+    session = rig.open_session()
+    seq = _uncommitted_reply(rig, session, outcome)
+    before = len(remote.calls)
+    asked = {"name": "peek", "arguments": {"q": 9}}
+    named = rpc(session, "remote", "tools/call", {**asked, "_meta": meta(seq, "call_z")})
+    assert named.status_code == 409
+    error = named.json()["error"]
+    assert error["data"]["code"] == "reply_not_committed"  # not tool_not_asked, not admitted
+    assert error["message"].endswith(
+        f"seq {seq} of this session is not a committed model reply: "
+        f"it is a model reply recorded {outcome}"
+    ), error
+    call, result = _last_pair(rig, session.session_id)
+    assert (call.reply_seq, call.call_id, result.outcome) == (seq, "call_z", "FAILED")
+    # without _meta: an uncommitted reply is never the one a call is matched against
+    unnamed = _raw(session, "remote", "peek", {"q": 9})
+    assert unnamed.status_code == 409
+    assert unnamed.json()["error"]["data"]["code"] == "reply_not_committed"
+    assert "this session has no committed model reply" in unnamed.json()["error"]["message"]
+    assert len(remote.calls) == before
+    # after a committed reply, the uncommitted one later still asks for nothing
+    other = rig.open_session()
+    committed = committed_reply(rig, other, [("call_c", "remote__peek", {"q": 1})])
+    _uncommitted_reply(rig, other, outcome)
+    stale = _raw(other, "remote", "peek", {"q": 9})
+    assert stale.status_code == 409 and stale.json()["error"]["data"]["code"] == "tool_not_asked"
+    assert f"latest committed reply (seq {committed})" in stale.json()["error"]["message"]
+    assert len(remote.calls) == before
 
 
 OPENAI_SSE = (

@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
@@ -127,7 +129,8 @@ def build_tool_rig(tmp: Path) -> Iterator[ToolRig]:
             "url": far.url + "/mcp",
             "bearer_token_env": "TEST_REMOTE_MCP_TOKEN",
         }
-        fetch = {"enabled": True, "max_response_bytes": 64 * 1024}
+        # the raw servers the fetch tests dial are on loopback: allow-listed, explicitly
+        fetch = {"enabled": True, "max_response_bytes": 64 * 1024, "allow": ["127.0.0.1/32"]}
         config = proxy_config(up.url, mcp_servers=servers, fetch=fetch)
         with ProxyServer(config, log, env=env) as proxy:
             rig = Rig(upstream, up.url, proxy, log, store_path, KeyPair.generate(), appliance)
@@ -238,6 +241,25 @@ def _read_request(conn: socket.socket) -> bytes:
     while len(data) < len(head) + 4 + length:
         data += conn.recv(65536)
     return data
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists; a zombie would still answer, so a proxy that reports
+    its server stopped must have waited for it."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive(pid):
+            return True
+        time.sleep(0.05)
+    return not alive(pid)
 
 
 def mcp_url(session: Any, server: str) -> str:

@@ -33,7 +33,7 @@ CACHE = REPO / ".affidavit" / "image-cache"
 OUT = Path(os.environ.get("AFFIDAVIT_FULL_IMAGE_OUT", str(REPO / ".affidavit" / "image-full")))
 
 if os.environ.get("AFFIDAVIT_FULL_IMAGE") != "1":
-    _why = "the full image's build and boot take ~15 min: run `make image-full`"
+    _why = "by design: the full image's build and boot take ~15 min: run `make image-full`"
     print(f"test_full_image skipped: {_why}")
     pytest.skip(_why, allow_module_level=True)
 for _tool in ("qemu-system-x86_64", "mksquashfs", "dpkg-deb"):

@@ -107,6 +107,7 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
             engine=TINY_MODEL,
             mcp_servers=servers,
             search_url=url + "/search?q={query}",
+            fetch_allow=("127.0.0.1/32",),  # the loopback web: refused unless allow-listed
             env=env,
             clock=CLOCK,
         ) as up:

@@ -128,6 +128,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
             provider={**provider, "base_url": upstream},
             model=MODEL,
             search_url=web_url + "/search?q={query}",
+            fetch_allow=("127.0.0.1/32",),  # the loopback web: refused unless allow-listed
             env=env,
         ) as up,
     ):

@@ -112,7 +112,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
     with (
         LoopbackServer(page_app) as web,
         LoopbackServer(receiver) as hook,
-        running_appliance(home, engine=TINY_MODEL, search_url=web.url + "/search?q={query}"),
+        running_appliance(
+            home,
+            engine=TINY_MODEL,
+            search_url=web.url + "/search?q={query}",
+            fetch_allow=("127.0.0.1/32",),  # the loopback web: refused unless allow-listed
+        ),
     ):
         streams = []
         for pins in (STRICT, LOOSE):

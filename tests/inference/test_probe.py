@@ -241,7 +241,7 @@ def test_gpu_check_cpu_path_runs_the_probe_in_process(tiny_model_dir: Path) -> N
 def test_gpu_check_fails_without_the_device_it_was_asked_for() -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA, so DEVICE=cuda is not a missing device here")
+        pytest.skip("by design: this machine has CUDA, so DEVICE=cuda is not missing here")
     env = {**os.environ, "PYTHON": sys.executable, "DEVICE": "cuda"}
     result = subprocess.run(
         ["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120, check=False

@@ -12,6 +12,8 @@ less the keywords the grammar leaves unconstrained (``inference.schema``).
 A small model's free strings can run long: a call cut by ``max_tokens`` (``finish_reason``
 ``length``) is tried again under the next seed, at most :data:`TRIES` times; every call
 that completes is validated.
+
+A real-model run at length (~3.5 min on 2 cores): ``make test-long`` runs it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from openai import OpenAI
 from inference.schema import without_unconstrained
 from inference.server import Engine, create_app
 from tests.inference.serving import serve_in_thread
+
+pytestmark = pytest.mark.long
 
 TRIES = 4
 MAX_TOKENS = 120

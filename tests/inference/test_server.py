@@ -37,10 +37,11 @@ import httpx  # noqa: E402
 import openai  # noqa: E402
 
 from inference.block import prompt_tokens_digest  # noqa: E402
-from inference.protocol import MAX_NESTING, nesting_depth  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from inference.tool_calls import derived_tool_call_ids  # noqa: E402
 from record.digest import Domain, digest_hex, prompt_digest  # noqa: E402
+from record.limits import MAX_DEPTH as MAX_NESTING  # noqa: E402
+from record.limits import nesting_depth  # noqa: E402
 from tests.inference.serving import serve_in_thread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -542,3 +543,34 @@ def test_a_request_nested_too_deep_is_a_400_on_every_route(
     assert f"more than {MAX_NESTING} deep" in reply.text
     ok = http.post("/v1/chat/completions", content=json.dumps(_request("hi", max_tokens=2)))
     assert ok.status_code == 200  # the engine is fine afterwards
+
+
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/messages", "/v1/responses"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"x": 10**5000},  # past int()'s own limit: never a 500
+        {"x": float("1." + "1" * 120)},  # a number's text past record.limits
+        {"tools": [{"type": "function", "function": {"name": f"t{i}"}} for i in range(1025)]},
+    ],
+    ids=["a 5001-digit integer", "a 122-character number", "1025 tools"],
+)
+def test_a_request_past_the_shared_limits_is_a_400_on_every_route(
+    http: httpx.Client, route: str, extra: dict[str, Any]
+) -> None:
+    """The engine reads requests within the proxy's limits (``record.limits``), so whatever
+    the proxy accepted the engine reads, and past them it says which limit, never a 500."""
+    import sys
+
+    body = {**_request("hi", max_tokens=2), **extra}
+    if "x" in extra and isinstance(extra["x"], float):
+        raw = json.dumps(body).replace(repr(extra["x"]), "1." + "1" * 120).encode()
+    else:
+        sys.set_int_max_str_digits(0)  # to write the test's own body
+        try:
+            raw = json.dumps(body).encode()
+        finally:
+            sys.set_int_max_str_digits(4300)
+    reply = http.post(route, content=raw)
+    assert reply.status_code == 400, reply.text
+    assert "past a limit" in reply.text

@@ -193,6 +193,7 @@ def test_engine_serve_hands_its_options_to_run_serve_backend(
         "upstream_port": 0,
         "startup_timeout": 1800.0,
         "vllm_arg": None,
+        "token_file": None,
     }
     options = ["--backend", "vllm", "--no-batch-invariance", "--seed", "7"]
     vllm_args = ["--vllm-arg=--enforce-eager", "--vllm-arg", "--max-num-seqs=4"]

@@ -634,7 +634,7 @@ class Report:
     plaintexts: dict[int, bytes] = field(default_factory=dict)  # sealed entries' JCS
     data_keys: dict[int, bytes] = field(default_factory=dict)
     checkpoints: list[CheckpointText] = field(default_factory=list)  # verified ones
-    uncovered: int = 0  # entries after the largest matching checkpoint
+    uncovered: int = 0  # lines after the largest matching checkpoint: the unsigned tail
 
     @property
     def ok(self) -> bool:
@@ -653,8 +653,10 @@ def verify_bundle(
     private_key_pem: bytes | None = None,
     log_key: str | None = None,
     kept: Sequence[bytes] = (),
+    allow_unsigned_tail: bool = False,
 ) -> Report:
-    """§12 (and §13 with a key): every problem found, with its §14 code."""
+    """§12 (and §13 with a key): every problem found, with its §14 code. §12 step 8's
+    unsigned tail is counted in ``uncovered`` and, unless allowed, is a problem."""
     root = Path(path)
     report = Report()
 
@@ -718,6 +720,16 @@ def verify_bundle(
     for missing in range(highest + 1):
         if missing not in seen:
             report.add("seq_gap", missing, "seq is missing")
+    if entries and entries[0][0]["kind"] != "stream.opened":
+        report.add("malformed_entry", entries[0][0]["seq"], "line 0 is not stream.opened")
+    epoch = 0  # the epoch the next clear entry must bring: 0, 1, 2 …
+    for envelope, body in entries:
+        if envelope["kind"] not in CLEAR_KINDS:
+            continue
+        brought = body.get("key_epoch")
+        if brought != epoch or envelope["key_epoch"] != epoch:
+            report.add("malformed_entry", envelope["seq"], f"key epoch {brought}, not {epoch}")
+        epoch += 1
 
     # 6. Log key and the stream's origin.
     vkey: VKey | None = None
@@ -792,6 +804,8 @@ def verify_bundle(
         else:
             report.checkpoints.append(cp)
     report.uncovered = n - (anchor or 0)
+    if report.uncovered and not allow_unsigned_tail:
+        report.add("unsigned_tail", anchor or 0, f"{report.uncovered} lines no checkpoint covers")
 
     if private_key_pem is not None:
         _open_bodies(root, report, entries, private_key_pem)

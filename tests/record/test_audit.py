@@ -9,14 +9,17 @@ passes the append-only triggers as they are) or by editing the files of an expor
 ``(code, seq)`` pairs reported, so a problem named at the wrong entry fails as surely as a
 missed one.
 
-The logs (stream ``session-main``; each turn is 8 entries and ends with ``turn.ended``,
-after which the writer signs a checkpoint):
+The logs (stream ``session-main``; each turn is 8 entries and ends with ``turn.ended``; the
+writer signs a checkpoint at every commit, and these appends come one at a time, so there is
+a checkpoint of every size 1, 2, 3 …):
 
-* ``base``: ``stream.opened`` (checkpoint of size 1), turn 0 (size 9), turn 1 (size 17); a
-  copy taken between turn 0 and turn 1 is kept as the *rolled-back* log (9 entries).
+* ``base``: ``stream.opened``, turn 0 (9 entries), turn 1 (17); a copy taken between turn 0
+  and turn 1 is kept as the *rolled-back* log (9 entries).
 * ``fork_a`` / ``fork_b``: two copies of ``base`` (same signing key) that each append
-  turns 2 and 3 with different content: checkpoints of sizes 25 and 33 in both, which
-  disagree.
+  turns 2 and 3 with different content: their checkpoints of sizes 18 … 33 disagree.
+
+A change at position ``k`` leaves the checkpoints of sizes up to ``k`` matching; every larger
+one has another root, and the entries from ``k`` on are an unsigned tail.
 """
 
 from __future__ import annotations
@@ -238,6 +241,16 @@ def _problems(report: Report) -> Problems:
     return {(p.code, p.seq) for p in report.problems}
 
 
+def _broken_from(logs: Logs, position: int) -> Problems:
+    """What a change at ``position`` of ``base`` breaks: every checkpoint larger than it, and
+    the entries from it on, which no matching checkpoint covers any more."""
+    sizes = logs.checkpoint_sizes(logs.base)
+    assert sizes == list(range(1, 18)), "one checkpoint per commit"
+    return {("root_mismatch", size - 1) for size in sizes if size > position} | {
+        ("unsigned_tail", position)
+    }
+
+
 def _changed(row: tuple[bytes, bytes], offset: int, new: bytes) -> tuple[bytes, bytes]:
     """The row with one byte of its line changed (its stored leaf hash left as it was)."""
     line, leaf = row
@@ -277,7 +290,7 @@ def test_seq_gap(logs: Logs, target: str, tmp_path: Path) -> None:
     """A writer that skips seq 18: a valid, sealed entry at 19 follows 17 (INSERT only)."""
     store = _copy_store(logs.base, tmp_path / "gap")
     with Log.open(store, appliance_key=logs.appliance) as log:
-        seventeen = log.append(STREAM, _turn_started(2))  # no checkpoint after it
+        seventeen = log.append(STREAM, _turn_started(2))  # signed: a checkpoint of size 18
     _settle(store)
     assert seventeen.seq == 17
     entries = [parse_entry(line) for line, _ in _rows(store)]
@@ -298,9 +311,11 @@ def test_seq_gap(logs: Logs, target: str, tmp_path: Path) -> None:
         conn.close()
 
     path = _subject(target, store, tmp_path / "subject")
-    assert _problems(_verify(target, path)) == {("seq_gap", 18)}
-    # Every body still opens and matches its digests: the gap is the only problem.
-    assert _problems(_verify(target, path, key=logs.user)) == {("seq_gap", 18)}
+    # The inserted entry is the 19th row: no checkpoint covers it.
+    expected = {("seq_gap", 18), ("unsigned_tail", 18)}
+    assert _problems(_verify(target, path)) == expected
+    # Every body still opens and matches its digests: nothing else is wrong.
+    assert _problems(_verify(target, path, key=logs.user)) == expected
 
 
 def _turn_started(turn: int) -> TurnStarted:
@@ -322,7 +337,7 @@ def test_changed_byte_in_entry(logs: Logs, target: str, part: str, tmp_path: Pat
         new = b"A" if line[offset : offset + 1] != b"A" else b"B"
     path = _subject(target, logs.base, tmp_path, rows={10: _changed(row, offset, new)})
 
-    expected: Problems = {("root_mismatch", 16)}
+    expected = _broken_from(logs, 10)
     if target == "store":  # the stored leaf hash is the old line's
         expected.add(("leaf_mismatch", 10))
     assert _problems(_verify(target, path)) == expected
@@ -346,7 +361,7 @@ def test_changed_byte_in_clear_stream_opened(
     path = _subject(target, logs.base, tmp_path, rows={0: _changed(row, offset, new)})
 
     problems = _problems(_verify(target, path))
-    expected = {("root_mismatch", size - 1) for size in logs.checkpoint_sizes(logs.base)}
+    expected = _broken_from(logs, 0)
     if target == "store":
         expected.add(("leaf_mismatch", 0))
     assert expected <= problems, problems
@@ -359,18 +374,16 @@ def test_changed_byte_in_clear_stream_opened(
 @pytest.mark.parametrize("target", TARGETS)
 def test_deleted_entry(logs: Logs, target: str, tmp_path: Path) -> None:
     path = _subject(target, logs.base, tmp_path, rows={5: None})
-    assert _problems(_verify(target, path)) == {
-        ("seq_gap", 5),
-        ("root_mismatch", 8),  # the checkpoint of size 9 no longer matches
-        ("truncated", 16),  # the one of size 17 covers more than the 16 left
-    }
+    # Sizes 6 … 16 no longer match; the one of size 17 covers more than the 16 left.
+    broken = _broken_from(logs, 5) - {("root_mismatch", 16)}
+    assert _problems(_verify(target, path)) == {("seq_gap", 5), ("truncated", 16)} | broken
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_reordered_entries(logs: Logs, target: str, tmp_path: Path) -> None:
     rows = _rows(logs.base)
     path = _subject(target, logs.base, tmp_path, rows={5: rows[6], 6: rows[5]})
-    expected: Problems = {("seq_order", 5), ("root_mismatch", 8), ("root_mismatch", 16)}
+    expected: Problems = {("seq_order", 5)} | _broken_from(logs, 5)
     if target == "store":  # the row stored at seq 5 holds entry 6
         expected.add(("seq_order", 6))
     assert _problems(_verify(target, path)) == expected

@@ -74,8 +74,9 @@ def report(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     """The ``--json`` document, checked for its exact shape."""
     assert result.stderr == "", result.stderr
     doc: dict[str, Any] = json.loads(result.stdout)
-    assert set(doc) == {"ok", "entries", "problems"}
+    assert set(doc) == {"ok", "entries", "problems", "unsigned_tail"}
     assert isinstance(doc["ok"], bool) and isinstance(doc["entries"], int)
+    assert all(isinstance(n, int) and n >= 0 for n in doc["unsigned_tail"].values())
     for problem in doc["problems"]:
         assert set(problem) == PROBLEM_KEYS, problem
         assert isinstance(problem["code"], str) and isinstance(problem["detail"], str)
@@ -175,13 +176,19 @@ def test_verify_clean_store(recorded: Recorded) -> None:
     assert f"{total} entries" in plain.stdout
 
     doc = report(affidavit("log", "verify", recorded.store, "--json", cwd=recorded.dir))
-    assert doc == {"ok": True, "entries": total, "problems": []}
+    streams = [r[0] for r in sql(recorded.store, "SELECT DISTINCT stream FROM entries")]
+    assert doc == {
+        "ok": True,
+        "entries": total,
+        "problems": [],
+        "unsigned_tail": dict.fromkeys(sorted(streams), 0),  # every commit was signed
+    }
 
     keyed = affidavit(
         "log", "verify", recorded.store, "--key", recorded.user_key, "--json", cwd=recorded.dir
     )
     assert keyed.returncode == 0
-    assert report(keyed) == {"ok": True, "entries": total, "problems": []}
+    assert report(keyed) == {**doc, "ok": True}
 
 
 def test_verify_tampered_store_is_a_problem_found(recorded: Recorded) -> None:
@@ -442,7 +449,12 @@ def test_export_writes_a_self_contained_bundle(recorded: Recorded) -> None:
     recorded.store.rename(recorded.dir / "gone.db")
     alone = affidavit("log", "verify", moved, "--json", cwd=recorded.dir)
     assert alone.returncode == 0, alone.stdout
-    assert report(alone) == {"ok": True, "entries": len(lines), "problems": []}
+    assert report(alone) == {
+        "ok": True,
+        "entries": len(lines),
+        "problems": [],
+        "unsigned_tail": {SESSION: 0},
+    }
     keyed = affidavit("log", "verify", moved, "--key", recorded.user_key, cwd=recorded.dir)
     assert keyed.returncode == 0, keyed.stdout
 
@@ -512,10 +524,12 @@ def test_show_decrypts_and_redacts_without_changing_the_store(recorded: Recorded
     ]
     responses = [r["body"] for r in rows if r["envelope"]["kind"] == "model.response"]
     assert len(responses) == 4
-    assert all(b["response_bytes"] == "[REDACTED]" for b in responses)
-    assert all(b["response_digest"].startswith("sha256:") for b in responses)  # others stay
+    # a raw byte field is its digest; the field rule hides its decoded value
+    assert all(b["response_bytes"] == b["response_digest"] for b in responses)
+    assert all(b["decoded"]["response_bytes"] == "[REDACTED]" for b in responses)
     started = next(r["body"] for r in rows if r["envelope"]["kind"] == "turn.started")
-    assert started["input_bytes"] == "What does https://example.org/0 say? [REDACTED]"
+    assert started["input_bytes"] == started["input_digest"]
+    assert started["decoded"]["input_bytes"] == "What does https://example.org/0 say? [REDACTED]"
 
     # unredacted JSON shows a non-UTF-8 reply as base64 of its exact bytes
     full = affidavit(

@@ -121,6 +121,9 @@ class StoreChecker:
             assert cp.size >= previous, f"checkpoint sizes go back: {previous} then {cp.size}"
             previous = cp.size
         self.checkpoints_seen = len(checkpoints)
+        # Entries and their batch's checkpoint commit together: nothing durable is unsigned.
+        signed = checkpoints[-1].size if checkpoints else 0
+        assert signed == size, f"{size} entries, the last checkpoint covers {signed}"
         return size
 
     def _check_entry(self, entry: StoredEntry) -> None:
@@ -189,7 +192,7 @@ def make_body(rnd: random.Random, turn: int) -> TurnStarted | TurnEnded:
         data = rnd.randbytes(rnd.randrange(1, 256))
     if data and rnd.random() < 0.5:
         data = b"\xff\xc3\x28" + data  # never valid UTF-8
-    if rnd.random() < 0.1:  # turn.ended: the log signs a checkpoint in the same commit
+    if rnd.random() < 0.1:  # a turn.ended now and then, as a session writes them
         return TurnEnded(
             turn=turn,
             outcome="ANSWERED",
@@ -234,7 +237,7 @@ def _child(path: Path, key: KeyPair, wfd: int, seed: int, errors: Path) -> NoRet
             try:
                 for turn in range(1 << 62):
                     body = make_body(rnd, turn)
-                    appended = log.append(STREAM, body, checkpoint=rnd.random() < 0.05)
+                    appended = log.append(STREAM, body)
                     _send(wfd, b"A", appended.seq, appended.leaf_hash)  # only after it returned
                     if rnd.random() < 0.5:
                         time.sleep(rnd.uniform(0, 0.003))  # an appender's own work between turns
@@ -454,7 +457,8 @@ def test_group_commit(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     key = KeyPair.generate()
     store = CountingStore(path)
-    log = Log(store, Signer.generate(LOG_KEY_NAME), appliance_key=key)
+    signer = Signer.generate(LOG_KEY_NAME)
+    log = Log(store, signer, appliance_key=key)
     results: list[Appended] = []
     failures: list[str] = []
     start = threading.Barrier(threads)
@@ -494,6 +498,12 @@ def test_group_commit(tmp_path: Path) -> None:
         assert checker.leaves[a.seq] == a.leaf_hash
         assert a.tree_size == a.seq + 1
         assert a.root_hash == checker.roots[a.seq + 1], f"seq {a.seq}: wrong root acknowledged"
+        # Acknowledged with the note its batch signed, which covers it.
+        assert a.checkpoint is not None
+        note, _ = open_checkpoint(a.checkpoint, [signer.verifier()])
+        assert a.seq < note.size and note.root_hash == checker.roots[note.size]
+    # One signature per batch, not per append.
+    assert len({a.checkpoint for a in results}) == len(store.batches)
     audit_if_available(path, key, total + 1)
     print(f"\ngroup commit: {total} appends in {len(store.batches)} commits")
 

@@ -32,6 +32,7 @@ from typing import Any
 import independent_reader  # tests/record/independent_reader.py, a sibling
 import pytest
 import rfc8785
+import uuid6
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -755,8 +756,8 @@ def _write_session(tmp_path: Path) -> dict[str, Any]:
             ),
         )
         log.append(stream, TurnEnded(turn=1, outcome="STOPPED"))
-        log.checkpoint(stream)
-        log.append(stream, PinsSet(pins={}, cache_mode="shared"))  # after the last checkpoint
+        log.checkpoint(stream)  # on demand: a second checkpoint of size 15
+        log.append(stream, PinsSet(pins={}, cache_mode="shared"))
     finally:
         log.close()
     bundle = tmp_path / "bundle"
@@ -808,12 +809,12 @@ def test_independent_reader_verifies_and_opens_a_real_bundle(session: dict[str, 
             assert report.plaintexts[entry.seq] == canonical_json(_body_json(opened))
     response = next(e for e in entries if e.kind == "model.response")
     assert base64.b64decode(report.bodies[response.seq]["response_bytes"]) == NON_UTF8_REPLY
-    # Checkpoints: size 1 after stream.opened, one per turn.ended, the on-demand one; the last
-    # entry is not yet covered.
+    # Checkpoints: one per commit (these appends came one at a time), and the on-demand one
+    # after size 15; every entry is covered.
     notes = sorted((bundle / "checkpoints").glob("*.note"))
-    assert [cp.size for cp in report.checkpoints] == [1, 11, 15, 15]
-    assert len(notes) == 4
-    assert report.uncovered == 1
+    assert [cp.size for cp in report.checkpoints] == [*range(1, 16), 15, 16]
+    assert len(notes) == 17
+    assert report.uncovered == 0
     for cp in report.checkpoints:
         assert cp.root == merkle.root([merkle.hash_leaf(e) for e in _lines(bundle)[: cp.size]])
 
@@ -828,7 +829,7 @@ def test_independent_reader_verifies_without_a_key_against_a_pinned_log_key(
     report = independent_reader.verify_bundle(session["bundle"], log_key=session["vkey"])
     assert report.problems == []
     assert report.bodies == {}  # no key: §13 does not run
-    assert len(report.checkpoints) == 4
+    assert len(report.checkpoints) == 17
 
 
 def test_v1_record_projection_follows_the_documented_mapping(
@@ -921,23 +922,25 @@ def _keep_first(bundle: Path, n: int) -> None:
 TAMPERING: dict[str, tuple[Callable[[Path], None], set[str]]] = {
     "sealed body changed": (
         lambda b: _edit_line(b, 3, _flip_body),
-        {"root_mismatch", "cannot_open"},
+        {"root_mismatch", "cannot_open", "unsigned_tail"},
     ),
     "envelope time changed": (
         lambda b: _edit_line(
             b, 2, lambda line: line.replace(b'"occurred_at":"2', b'"occurred_at":"1')
         ),
-        {"root_mismatch", "cannot_open"},
+        {"root_mismatch", "cannot_open", "unsigned_tail"},
     ),
     "entry deleted": (
         lambda b: _drop_line(b, 5),
-        {"seq_gap", "root_mismatch", "malformed_bundle"},
+        {"seq_gap", "root_mismatch", "malformed_bundle", "truncated", "unsigned_tail"},
     ),
     "entries swapped": (
         lambda b: _swap_lines(b, 4, 5),
-        {"seq_order", "root_mismatch"},
+        {"seq_order", "root_mismatch", "unsigned_tail"},
     ),
     "log truncated": (lambda b: _keep_first(b, 10), {"truncated"}),
+    "forged line appended": (lambda b: _append_forged_line(b), {"unsigned_tail"}),
+    "newest checkpoints removed": (lambda b: _drop_notes(b, 3), {"unsigned_tail"}),
     "checkpoint signature changed": (_tamper_signature, {"checkpoint_invalid"}),
     "last newline cut": (
         lambda b: (b / "entries.jsonl").write_bytes((b / "entries.jsonl").read_bytes()[:-1]),
@@ -984,18 +987,78 @@ def test_independent_reader_refuses_another_log_key(session: dict[str, Any]) -> 
     other = Signer.generate(LOG_KEY_NAME).vkey()
     report = independent_reader.verify_bundle(session["bundle"], log_key=other)
     reference = verify_bundle(session["bundle"], log_key=other)
-    assert report.codes() == reference.codes() == {"checkpoint_invalid"}
+    # no checkpoint verifies, so nothing is signed: every line is an unsigned tail
+    assert report.codes() == reference.codes() == {"checkpoint_invalid", "unsigned_tail"}
 
 
 def test_independent_reader_refuses_a_non_canonical_line(
     session: dict[str, Any], tmp_path: Path
 ) -> None:
-    """§4.4's SHOULD: a re-spaced line (here the last, which no checkpoint covers) is refused."""
+    """§4.4's SHOULD: a re-spaced line (here the last, whose checkpoint is removed) is refused."""
     bundle = tmp_path / "bundle"
     shutil.copytree(session["bundle"], bundle)
+    _drop_notes(bundle, 1)
     _edit_line(bundle, 15, lambda line: line.replace(b'","event_id"', b'", "event_id"'))
-    report = independent_reader.verify_bundle(bundle, log_key=session["vkey"])
+    report = independent_reader.verify_bundle(
+        bundle, log_key=session["vkey"], allow_unsigned_tail=True
+    )
     assert report.codes() == {"malformed_entry"}
+    assert report.uncovered == 1
+
+
+def test_unsigned_tail_is_counted_and_tolerated_only_when_allowed(
+    session: dict[str, Any], tmp_path: Path
+) -> None:
+    """§12 step 8: lines after the largest matching checkpoint are counted; they are a problem
+    unless the verifier is told to tolerate them (a store from before every commit was
+    signed)."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(session["bundle"], bundle)
+    _drop_notes(bundle, 3)  # the notes of sizes 16, 15 (on demand) and 15
+    strict = independent_reader.verify_bundle(bundle, log_key=session["vkey"])
+    assert strict.problems == [("unsigned_tail", 14, "2 lines no checkpoint covers")]
+    tolerant = independent_reader.verify_bundle(
+        bundle, log_key=session["vkey"], allow_unsigned_tail=True
+    )
+    assert (tolerant.problems, tolerant.uncovered) == ([], 2)
+    reference = verify_bundle(bundle, log_key=session["vkey"])
+    assert [(p.code, p.seq) for p in reference.problems] == [("unsigned_tail", 14)]
+    assert reference.unsigned == {session["stream"]: 2}
+    allowed = verify_bundle(bundle, log_key=session["vkey"], allow_unsigned_tail=True)
+    assert (allowed.ok, allowed.unsigned) == (True, {session["stream"]: 2})
+
+
+def _drop_notes(bundle: Path, count: int) -> None:
+    """Remove the ``count`` newest checkpoint notes (and keep the index in step)."""
+    notes = sorted((bundle / "checkpoints").glob("*.note"))
+    for note in notes[len(notes) - count :]:
+        note.unlink()
+    index = json.loads((bundle / "bundle.json").read_bytes())
+    index["checkpoints"] = len(notes) - count
+    (bundle / "bundle.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def _append_forged_line(bundle: Path) -> None:
+    """A valid ``key.rotated`` written from public keys only (``recipients.txt``): a data key
+    of the forger's own, wrapped to every recipient. Everything checks, but nothing signs it."""
+    lines = _lines(bundle)
+    envelope = json.loads(lines[-1])
+    del envelope["body"]
+    envelope |= {"seq": len(lines), "event_id": str(uuid6.uuid7()), "kind": "key.rotated"}
+    envelope["key_epoch"] = 2
+    data_key = record.seal.new_data_key()
+    stream = envelope["stream"]
+    wrapped = [
+        {"recipient": text, "sealed_key": base64.b64encode(r.wrap(data_key, stream, 2)).decode()}
+        for text in (bundle / "recipients.txt").read_text().split()
+        for r in [record.seal.RecipientKey.from_text(text)]
+    ]
+    body = {"kind": "key.rotated", "key_epoch": 2, "recipients": wrapped}
+    line, _ = entry_line(envelope, body)
+    (bundle / "entries.jsonl").write_bytes(b"".join(x + b"\n" for x in [*lines, line]))
+    index = json.loads((bundle / "bundle.json").read_bytes())
+    index["entries"] = len(lines) + 1
+    (bundle / "bundle.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def print_blocks() -> None:  # the generator: python tests/record/test_format_doc.py

@@ -52,6 +52,10 @@ kind                           required (beyond it, what ``allowed`` adds)
                                (``other_origin``): ``checkpoint_invalid``, and nothing else.
 =============================  ==========================================================
 
+Every kind but ``leaf_byte`` and ``truncate`` may also give ``unsigned_tail``: the writer
+signs a checkpoint at every commit, so a broken root or an invalid checkpoint leaves the
+entries after the last checkpoint that still matches covered by no signature.
+
 A bundle's ``bundle.json`` is "a convenience index, not evidence": a tamperer would keep its
 entry count in step, and so do we, so ``malformed_bundle`` never is what catches tampering.
 
@@ -89,8 +93,8 @@ from record.sqlite_store import SQLiteStore
 
 MAIN = "session-main"
 SIDE = "session-side"
-MAIN_TURNS = 6  # 1 + 6 * 8 = 49 entries, 7 checkpoints
-SIDE_TURNS = 1  # 1 + 8 = 9 entries, 2 checkpoints
+MAIN_TURNS = 6  # 1 + 6 * 8 = 49 entries, 49 checkpoints (one per commit)
+SIDE_TURNS = 1  # 1 + 8 = 9 entries, 9 checkpoints
 EXAMPLES_PER_TEST = 600
 MIN_COPIES_PER_TEST = 500
 
@@ -104,8 +108,11 @@ ENTRY_CHANGE = frozenset(
         "seq_order",
         "seq_duplicate",
         "checkpoint_invalid",  # a changed log_key/origin in stream.opened
+        "unsigned_tail",
     }
 )
+#: An invalid or mismatching checkpoint uncovers what only it signed.
+UNSIGNED = {"unsigned_tail"}
 
 REPLACEMENTS = ("other_key", "spoofed_key_id", "other_origin")
 COMMON_KINDS = (
@@ -329,7 +336,7 @@ def _draw_plan(data: st.DataObject, master: Master, facts: StreamFacts, target: 
         offset, new = _changed_byte(data, note, "note")
         changed = note[:offset] + bytes([new]) + note[offset + 1 :]
         detail = f"checkpoint #{index}, byte {offset}: {note[offset]:#04x} -> {new:#04x}"
-        exp = expect(detail, {"checkpoint_invalid"}, set(), named=[("checkpoint_invalid", None)])
+        exp = expect(detail, {"checkpoint_invalid"}, UNSIGNED, named=[("checkpoint_invalid", None)])
         return Plan(exp, checkpoint=(index, changed))
 
     if kind.startswith("replace_checkpoint/"):
@@ -339,7 +346,7 @@ def _draw_plan(data: st.DataObject, master: Master, facts: StreamFacts, target: 
         exp = expect(
             f"checkpoint #{index} replaced ({how})",
             {"checkpoint_invalid"},
-            set(),
+            UNSIGNED,
             named=[("checkpoint_invalid", None)],
         )
         return Plan(exp, checkpoint=(index, forged))
@@ -355,7 +362,7 @@ def _draw_plan(data: st.DataObject, master: Master, facts: StreamFacts, target: 
             exp = expect(
                 f"entry {pos}",
                 {"seq_gap"},
-                {"root_mismatch", "truncated", *also},
+                {"root_mismatch", "truncated", *UNSIGNED, *also},
                 named=[("seq_gap", pos), ("truncated", n - 1)],
                 seq_within=within,
             )
@@ -370,7 +377,7 @@ def _draw_plan(data: st.DataObject, master: Master, facts: StreamFacts, target: 
         exp = expect(
             f"entries {i} and {j}",
             {"seq_order"},
-            {"root_mismatch", *also},
+            {"root_mismatch", *UNSIGNED, *also},
             named=[("seq_order", i)],
             seq_within={"seq_order": range(i, j + 1), **within},
         )
@@ -385,7 +392,7 @@ def _draw_plan(data: st.DataObject, master: Master, facts: StreamFacts, target: 
             exp = expect(
                 f"entry {j} overwritten with entry {i}",
                 {"seq_duplicate"},
-                {"root_mismatch", "seq_gap", "seq_order", *also},
+                {"root_mismatch", "seq_gap", "seq_order", *UNSIGNED, *also},
                 named=[("seq_duplicate", i)],
                 seq_within=within,
             )
@@ -394,7 +401,7 @@ def _draw_plan(data: st.DataObject, master: Master, facts: StreamFacts, target: 
         exp = expect(
             f"entry {i} repeated after itself",
             {"seq_duplicate"},
-            {"root_mismatch", *also},
+            {"root_mismatch", *UNSIGNED, *also},
             named=[("seq_duplicate", i)],
             seq_within=within,
         )

@@ -1,0 +1,269 @@
+"""`make mutate`: mutation testing of the security checks, one module at a time (mutmut 3).
+
+Why: a check that no test fails without is a check nobody knows works. mutmut breaks one
+line of a module at a time (a mutant) and runs that module's own tests against it; a mutant
+that no test kills is a break the tests would not notice.
+
+Each target is run in its own scratch copy of the project under ``mutants/<target>/``
+(ignored by git; mutmut writes its mutated copy in ``mutants/<target>/mutants/``), with a
+generated ``[tool.mutmut]`` naming only that target's files and its tests, so nothing is
+written into the tracked tree and a target's run needs only its own fast tests. The public
+vectors (``../shared``) are linked in beside the copy, where the tests look for them.
+
+    python scripts/mutate.py                      # every target
+    python scripts/mutate.py attestation/snp.py   # one or more targets by name
+    python scripts/mutate.py --list               # the targets and their tests
+    python scripts/mutate.py --survivors ...      # also print each survivor's diff
+
+Prints killed / survived / other / total per target, and exits 1 when a target kills fewer
+than ``--min-killed`` percent (90 by default) of its mutants, 3 when mutmut is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRATCH = ROOT / "mutants"
+#: the project's packages, copied whole into each scratch copy (the tests import across them)
+PACKAGES = (
+    "record",
+    "egress_proxy",
+    "harness",
+    "inference",
+    "attestation",
+    "enclave_image",
+    "measurements",
+    "fuzz",
+)
+#: mutmut's exit codes, as ``mutmut.stats.status_by_exit_code`` reads them
+KILLED = {1, 3, 37}
+SURVIVED = {0}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Source files mutated together, and the tests that must kill their mutants."""
+
+    files: tuple[str, ...]
+    tests: tuple[str, ...]
+    #: mutmut mutant-name globs (``module.x_function__mutmut_*``); empty: every function
+    functions: tuple[str, ...] = ()
+    pytest_args: tuple[str, ...] = field(default=())
+
+
+T = "tests/"
+TARGETS: dict[str, Target] = {
+    "record/merkle.py": Target(
+        ("record/merkle.py",), (T + "record/test_merkle.py", T + "record/test_signed_tail.py")
+    ),
+    "record/checkpoint.py": Target(
+        ("record/checkpoint.py",),
+        (T + "record/test_checkpoint.py", T + "record/test_signed_tail.py"),
+    ),
+    "record/audit.py": Target(
+        ("record/audit.py",),
+        (T + "record/test_audit.py", T + "record/test_tamper.py", T + "record/test_signed_tail.py"),
+    ),
+    "record/digest.py": Target(
+        ("record/digest.py",), (T + "record/test_digest.py", T + "record/test_canonical.py")
+    ),
+    "record/seal.py": Target(("record/seal.py",), (T + "record/test_seal.py",)),
+    "record/reader.py": Target(
+        ("record/reader.py",),
+        (T + "record/test_bad_input.py", T + "record/test_seal.py", T + "record/test_audit.py"),
+    ),
+    "record/schema.py": Target(
+        ("record/schema.py",), (T + "record/test_schema.py", T + "record/test_bad_input.py")
+    ),
+    "egress_proxy/admission.py": Target(
+        ("egress_proxy/admission.py",), (T + "egress_proxy/test_tool_admission.py",)
+    ),
+    "egress_proxy/replay.py": Target(
+        ("egress_proxy/replay.py",),
+        (T + "egress_proxy/test_replay.py", T + "record/test_readonly.py"),
+    ),
+    "egress_proxy/replay_plan.py": Target(
+        ("egress_proxy/replay_plan.py",),
+        (T + "egress_proxy/test_reexecute.py", T + "egress_proxy/test_session_restore.py"),
+    ),
+    "attestation/snp.py": Target(("attestation/snp.py",), (T + "attestation/test_snp.py",)),
+    "attestation/tdx": Target(
+        (
+            "attestation/tdx.py",
+            "attestation/tdx_quote.py",
+            "attestation/tdx_tcb.py",
+            "attestation/tdx_certs.py",
+            "attestation/tdx_collateral.py",
+        ),
+        (T + "attestation/test_tdx.py",),
+    ),
+    "attestation/nvidia.py": Target(
+        ("attestation/nvidia.py",), (T + "attestation/test_nvidia.py",)
+    ),
+    "attestation/verdict.py": Target(
+        ("attestation/verdict.py",),
+        (
+            T + "attestation/test_verdict.py",
+            T + "attestation/test_verdict_output.py",
+            T + "attestation/test_snp.py",
+        ),
+    ),
+    "attestation/bind_check.py": Target(
+        ("attestation/bind_check.py",),
+        (
+            T + "attestation/test_bind_check.py",
+            T + "attestation/test_binding.py",
+            T + "attestation/test_bind_check_cli.py",
+        ),
+    ),
+    "attestation/binding.py": Target(
+        ("attestation/binding.py",),
+        (T + "attestation/test_binding.py", T + "attestation/test_bind_check.py"),
+    ),
+    "attestation/certs.py": Target(
+        ("attestation/certs.py",),
+        (T + "attestation/test_snp.py", T + "attestation/test_tdx.py"),
+    ),
+    # the panel's proof code: where an entry sits and its inclusion check, not the page source
+    "harness/panel/source.py": Target(
+        ("harness/panel/source.py",),
+        (T + "harness/test_panel.py",),
+        functions=(
+            "harness.panel.source.x_check_inclusion__mutmut_*",
+            "harness.panel.source.xǁStreamRecordǁposition__mutmut_*",
+        ),
+        pytest_args=("-k", "proof or inclusion"),
+    ),
+}
+
+
+def _toml_list(items: list[str] | tuple[str, ...]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def _prepare(name: str, target: Target) -> Path:
+    """A scratch copy of the project for one target, with its ``[tool.mutmut]``."""
+    work = SCRATCH / name.replace("/", "_").removesuffix(".py")
+    work.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for part in (*PACKAGES, "tests"):
+        shutil.rmtree(work / part, ignore_errors=True)
+        shutil.copytree(ROOT / part, work / part, ignore=ignore, symlinks=True)
+    # a new copy of the code: mutmut's own copy of the old one must not be reused
+    shutil.rmtree(work / "mutants", ignore_errors=True)
+    shared = ROOT.parent / "shared"
+    link = work / "shared"
+    if shared.is_dir() and not link.exists():
+        link.symlink_to(shared)
+    config = "\n".join(
+        [
+            "",
+            "[tool.mutmut]",
+            f"source_paths = {_toml_list(list(PACKAGES))}",
+            f"only_mutate = {_toml_list(target.files)}",
+            f"pytest_add_cli_args_test_selection = {_toml_list([*target.tests, *target.pytest_args])}",
+            'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+            "use_git_change_detection = false",
+            "",
+        ]
+    )
+    (work / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text() + config)
+    return work
+
+
+@dataclass
+class Count:
+    killed: int = 0
+    survived: int = 0
+    other: int = 0
+    survivors: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return self.killed + self.survived + self.other
+
+    @property
+    def score(self) -> float:
+        return 100.0 * self.killed / self.total if self.total else 100.0
+
+
+def _count(work: Path, target: Target) -> Count:
+    """Killed / survived / other from mutmut's ``.meta`` files (one per mutated file)."""
+    count = Count()
+    for path in target.files:
+        meta = json.loads((work / "mutants" / (path + ".meta")).read_text())
+        for key, code in meta["exit_code_by_key"].items():
+            if target.functions and not any(fnmatch.fnmatch(key, g) for g in target.functions):
+                continue
+            if code in KILLED:
+                count.killed += 1
+            elif code in SURVIVED:
+                count.survived += 1
+                count.survivors.append(key)
+            else:
+                count.other += 1
+                count.survivors.append(f"{key} (exit {code})")
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("targets", nargs="*", help="target names (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the targets and stop")
+    parser.add_argument("--survivors", action="store_true", help="show each survivor's diff")
+    parser.add_argument("--min-killed", type=float, default=90.0, metavar="PERCENT")
+    parser.add_argument("--max-children", type=int, default=2, help="parallel mutants")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, target in TARGETS.items():
+            print(f"{name}: {' '.join(target.files)} <- {' '.join(target.tests)}")
+        return 0
+    unknown = [t for t in args.targets if t not in TARGETS]
+    if unknown:
+        print(f"unknown target(s): {', '.join(unknown)}; see --list", file=sys.stderr)
+        return 2
+    mutmut = Path(sys.executable).with_name("mutmut")
+    if not mutmut.exists():
+        print(f"{mutmut} is missing: install the dev extra (pip install -e '.[dev]')")
+        return 3
+    results: dict[str, Count] = {}
+    for name in args.targets or list(TARGETS):
+        target = TARGETS[name]
+        work = _prepare(name, target)
+        print(f"== {name}: mutmut in {work.relative_to(ROOT)}", flush=True)
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        run = [str(mutmut), "run", "--max-children", str(args.max_children), *target.functions]
+        log = work / "mutmut.log"
+        with log.open("w") as out:
+            done = subprocess.run(run, cwd=work, env=env, stdout=out, stderr=out, check=False)
+        if done.returncode != 0:
+            print(f"{name}: mutmut exited {done.returncode}; see {log}", file=sys.stderr)
+            results[name] = Count(other=1, survivors=["(mutmut failed)"])
+            continue
+        results[name] = count = _count(work, target)
+        if args.survivors:
+            for key in count.survivors:
+                subprocess.run([str(mutmut), "show", key.split(" ")[0]], cwd=work, check=False)
+    print(f"\n{'target':32} {'killed':>7} {'survived':>9} {'other':>6} {'total':>6} {'score':>7}")
+    for name, c in results.items():
+        print(f"{name:32} {c.killed:7} {c.survived:9} {c.other:6} {c.total:6} {c.score:6.1f}%")
+        for key in c.survivors:
+            print(f"    survivor: {key}")
+    low = [n for n, c in results.items() if c.score < args.min_killed]
+    if low:
+        print(f"below {args.min_killed:g}% killed: {', '.join(low)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
