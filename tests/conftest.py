@@ -33,7 +33,7 @@ def _skip_reason(report: Any) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
-    if not (in_ci() and report.skipped) or hasattr(report, "wasxfail"):
+    if not (in_ci() and report.skipped):
         return
     reason = _skip_reason(report).removeprefix("Skipped: ")
     if not reason.startswith(BY_DESIGN):

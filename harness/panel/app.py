@@ -46,7 +46,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from harness.panel.access import SAFE_METHODS, BrowserSessions, cross_site_refusal
 from harness.panel.jobs import Job, Jobs, run_replay, run_verify
-from harness.panel.source import Opened, Source
+from harness.panel.source import Opened, Source, StreamRecord
 from harness.panel.views import (
     NoTurn,
     TurnView,
@@ -275,7 +275,8 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             title=f"Turn {turn} of {stream} · Affidavit",
         )
 
-    def start(stream: str, turn: int, kind: str, request: Request) -> Response:
+    def for_job(stream: str) -> tuple[StreamRecord, Opened] | Response:
+        """The stream a replay or verify job would run on, or the page that refuses it."""
         try:
             record, opened = read_stream(source, stream)
         except (UnknownStream, HomeMissing) as exc:
@@ -284,6 +285,13 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             return page("error.html", status=403, message="none of the panel's keys opens it")
         if source.redaction:
             return page("error.html", status=409, message=REDACTED_NO_JOBS)
+        return record, opened
+
+    def start(stream: str, turn: int, kind: str, request: Request) -> Response:
+        found = for_job(stream)
+        if isinstance(found, Response):
+            return found
+        record, opened = found
         try:
             view = turn_view(record, opened, turn)
         except NoTurn as exc:
@@ -342,14 +350,10 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             run_calls_verify,
         )
 
-        try:
-            _, opened = read_stream(source, stream)
-        except (UnknownStream, HomeMissing) as exc:
-            return missing(exc)
-        if opened is None:
-            return page("error.html", status=403, message="none of the panel's keys opens it")
-        if source.redaction:
-            return page("error.html", status=409, message=REDACTED_NO_JOBS)
+        found = for_job(stream)
+        if isinstance(found, Response):
+            return found
+        _, opened = found
         rows = call_rows(opened)
         if kind == "replay":
             refusal = calls_refusal(source, rows)

@@ -21,26 +21,13 @@ from fuzz.common import PARSERS, REGRESSIONS
 ROOT = Path(__file__).resolve().parents[2]
 SLICE_SECONDS = 2  # per parser: 15 parsers, with start-up, is about a minute
 
-#: Crashes found in files this work does not own, still to be fixed there: the kept input
-#: (``<parser>/<file>``), the exception type and the file that raises it, and why. Replaying
-#: the input is an expected failure (``xfail(strict=True)``: once fixed, the test fails until
-#: the entry goes), and the slice passes when it finds only these again (in any parser: the
-#: reply parsers share code; by file, not line, since those files are being edited).
-KNOWN_CRASHES: dict[str, tuple[str, str, str]] = {}
-
 
 def _regressions() -> list[Path]:
     return sorted(p for p in REGRESSIONS.glob("*/*") if p.is_file() and p.name != "README.md")
 
 
 def _replay_params() -> list[object]:
-    params: list[object] = []
-    for path in _regressions():
-        key = f"{path.parent.name}/{path.name}"
-        known = KNOWN_CRASHES.get(key)
-        marks = [pytest.mark.xfail(strict=True, reason=known[2])] if known else []
-        params.append(pytest.param(path, id=key, marks=marks))
-    return params
+    return [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in _regressions()]
 
 
 def test_every_parser_has_a_target_whose_seeds_pass() -> None:
@@ -57,11 +44,6 @@ def test_every_parser_has_a_target_whose_seeds_pass() -> None:
 def test_regression_input_no_longer_crashes(path: Path) -> None:
     module = importlib.import_module(f"fuzz.{path.parent.name}")
     module.target(path.read_bytes())
-
-
-def test_known_crashes_name_kept_inputs() -> None:
-    kept = {f"{p.parent.name}/{p.name}" for p in _regressions()}
-    assert set(KNOWN_CRASHES) <= kept
 
 
 @pytest.mark.parametrize("engine", ["atheris", "hypothesis"])
@@ -91,20 +73,9 @@ def test_fuzz_slice(parser: str, tmp_path: Path) -> None:
     print(out)
     line = next(line for line in proc.stdout.splitlines() if line.startswith(parser))
     assert int(line.split()[1].replace(",", "")) > 0, line
-    if proc.returncode == 0:
-        return
-    after = proc.stdout.split(line, 1)[1].splitlines()
-    places = [x.strip().removeprefix("at: ") for x in after if x.strip().startswith("at: ")]
-    new = [
-        place
-        for place in places
-        if not any(
-            place.startswith(f"{kind} at ") and f"/{file}:" in place
-            for kind, file, _ in KNOWN_CRASHES.values()
-        )
-    ]
     kept = sorted(tmp_path.glob(f"{parser}/*"))
     inputs = "\n".join(f"{p.name}: {p.read_bytes()[:400]!r}" for p in kept)
-    assert not new, (
-        f"fuzzing {parser} found a crash: keep its input in fuzz/regressions:\n{out}\n{inputs}"
+    assert proc.returncode == 0, (
+        f"fuzzing {parser} found a crash: fix it, keep its input in fuzz/regressions:\n"
+        f"{out}\n{inputs}"
     )
