@@ -21,7 +21,12 @@ second call for it is refused (409 ``tool_call_served``). Only a call whose reco
 is ``UNKNOWN`` may be admitted again, and only as resume would send it: when its ``tool.call``
 says the tool is idempotent, or a person recorded ``turn.decided`` ``retry`` for it.
 
-What was served is read from the record (``tool.call``, ``tool.result``, ``turn.decided``),
+The built-in web tools follow the same rule: a fetch (``egress_proxy.fetch``) is admitted only
+as a ``web_fetch {"url"}`` or ``web_search {"query"}`` call the reply asked for, recorded as
+``fetch.request`` naming that reply and call, its ``fetch.response`` the result.
+
+What was served is read from the record (``tool.call``, ``tool.result``, ``turn.decided``,
+``fetch.request``, ``fetch.response``),
 so it holds after a restart; a claim taken in memory, under a lock, covers the moment between
 the decision and the durable ``tool.call``, so two identical calls at once admit one. A
 refusal the proxy recorded (a ``FAILED`` result whose error carries one of its refusal codes)
@@ -40,12 +45,22 @@ from egress_proxy.errors import ReplyNotCommitted, ToolCallServed, ToolNotAsked
 from egress_proxy.sse import iter_events
 from record.digest import canonical_json
 from record.limits import JsonRefused, load_json
-from record.schema import ModelResponse, ToolCall, ToolResult, TurnDecided
+from record.schema import (
+    FetchRequest,
+    FetchResponse,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    TurnDecided,
+)
 
 #: The codes of the proxy's own refusals: a ``FAILED`` result carrying one served nothing.
 REFUSAL_CODES = frozenset(
     {"reply_not_committed", "tool_not_asked", "tool_call_served", "replay_miss"}
 )
+#: The server name of the built-in web tools (``web_fetch``, ``web_search``), which the fetch
+#: endpoint serves: a model asks for them by their bare names (``model_names``).
+WEB = "web"
 
 
 @dataclass(frozen=True)
@@ -193,8 +208,11 @@ def asked_calls(body: ModelResponse, mapping: dict[str, str]) -> tuple[AskedCall
     return tuple(calls)
 
 
-def is_refusal(result: ToolResult) -> bool:
-    """Whether a ``FAILED`` result is one of the proxy's refusals (it served nothing)."""
+def is_refusal(result: ToolResult | FetchResponse) -> bool:
+    """Whether a ``FAILED`` result is one of the proxy's refusals (it served nothing).
+
+    A tool result's refusal is a JSON-RPC error whose ``data.code`` names it; a fetch's is
+    the data plane's ``{"error": {"code"}}`` (only the proxy writes a fetch's error bytes)."""
     if result.outcome != "FAILED" or not result.error_bytes:
         return False
     try:
@@ -202,8 +220,10 @@ def is_refusal(result: ToolResult) -> bool:
     except JsonRefused:
         return False
     if isinstance(error, dict) and isinstance(error.get("error"), dict):
-        error = error["error"]  # a whole JSON-RPC answer
-    data = error.get("data") if isinstance(error, dict) else None
+        error = error["error"]  # a whole JSON-RPC answer, or the data plane's error body
+    if not isinstance(error, dict):
+        return False
+    data = error if isinstance(result, FetchResponse) else error.get("data")
     code = data.get("code") if isinstance(data, dict) else None
     return isinstance(code, str) and code in REFUSAL_CODES
 
@@ -236,12 +256,16 @@ class Ledger:
         elif isinstance(body, ToolCall):
             key = _key(replies(body.reply_seq), body.reply_seq, body.call_id)
             self.calls[seq] = (key, body.idempotent)
-        elif isinstance(body, ToolResult):
-            key, idempotent = self.calls.get(body.call_seq, (None, False))
+        elif isinstance(body, FetchRequest) and body.reply_seq is not None and body.call_id:
+            key = _key(replies(body.reply_seq), body.reply_seq, body.call_id)
+            self.calls[seq] = (key, True)  # a web tool's call is a GET: idempotent
+        elif isinstance(body, ToolResult | FetchResponse):
+            call_seq = body.call_seq if isinstance(body, ToolResult) else body.request_seq
+            key, idempotent = self.calls.get(call_seq, (None, False))
             if key is None or is_refusal(body):
                 return
             state = "unknown" if body.outcome == "UNKNOWN" else "done"
-            self.served[key] = _Served(state, body.call_seq, idempotent)
+            self.served[key] = _Served(state, call_seq, idempotent)
         elif isinstance(body, TurnDecided) and body.decision == "retry":
             self.retry.add(body.call_seq)
 

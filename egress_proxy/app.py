@@ -46,6 +46,7 @@ from egress_proxy.metrics import CONTENT_TYPE_LATEST, ProxyMetrics
 from egress_proxy.pipeline import Call, TaskSet, Upstream, build_pipeline, record_refusal
 from egress_proxy.providers import CREDENTIAL_HEADERS, DIALECTS, parse_request, relayed
 from egress_proxy.sessions import SessionRegistry, token_from_headers
+from egress_proxy.tools import ToolCalls
 from egress_proxy.transports.base import Transport
 from record.log import Log
 
@@ -114,8 +115,13 @@ def create_app(
     tasks = TaskSet()
     metrics = ProxyMetrics()  # a registry of this app's own, never the global one
     pipeline = metrics.stage(build_pipeline(log, metrics.transport(dialer), tasks, clock))
-    gateway = _mcp_gateway(config, log, registry, env)
-    fetcher = Fetcher(log, _exact(dialer), config.fetch) if config.fetch.enabled else None
+    # one admission ledger for every tool route: MCP calls and the web tools' fetches
+    calls = ToolCalls(log) if config.mcp_servers or config.fetch.enabled else None
+    gateway = _mcp_gateway(config, log, registry, env, calls)
+    fetcher = None
+    if config.fetch.enabled:
+        assert calls is not None
+        fetcher = Fetcher(log, _exact(dialer), config.fetch, calls)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -207,7 +213,11 @@ def create_app(
 
 
 def _mcp_gateway(
-    config: ProxyConfig, log: Log, registry: SessionRegistry, env: Mapping[str, str] | None
+    config: ProxyConfig,
+    log: Log,
+    registry: SessionRegistry,
+    env: Mapping[str, str] | None,
+    calls: ToolCalls | None,
 ) -> McpGateway | None:
     """Imported here, only when tool servers are configured: the SDK brings its HTTP client."""
     if not config.mcp_servers:
@@ -216,7 +226,12 @@ def _mcp_gateway(
 
     environ = os.environ if env is None else env
     return McpGateway(
-        config.mcp_servers, log, registry, env=environ, max_body_bytes=config.max_body_bytes
+        config.mcp_servers,
+        log,
+        registry,
+        env=environ,
+        max_body_bytes=config.max_body_bytes,
+        calls=calls,
     )
 
 

@@ -174,3 +174,23 @@ class UpstreamCut(UpstreamError):
 
 class ResponseTooLarge(UpstreamError):
     code = "response_too_large"
+
+
+def answered_status(error_body: bytes | None, default: int = 502) -> int:
+    """The status the proxy answered with an error body it wrote, from its ``error.code``:
+    what a replayed or reconstructed fetch answers again (a recorded ``status`` is the
+    upstream's, when one answered). ``default`` when the body names no code of the proxy's."""
+    try:
+        error = json.loads(error_body) if error_body else None
+    except ValueError:
+        return default
+    code = error.get("error", {}).get("code") if isinstance(error, dict) else None
+    if not isinstance(code, str):
+        return default
+    found: list[type[ProxyError]] = [ProxyError]
+    while found:
+        kind = found.pop()
+        if kind.code == code:
+            return kind.status
+        found.extend(kind.__subclasses__())
+    return default

@@ -13,6 +13,15 @@ opens it) is answered 403 ``egress_refused`` and recorded ``FAILED``; the transp
 the checked address only, with ``Host`` and the TLS server name still the URL's host.
 Redirects are not followed: a 3xx is answered like any response, its ``Location`` never dialed.
 
+A fetch is a web tool's call, so the admission rule (``egress_proxy.admission``) holds for it
+as for an MCP ``tools/call``, and is checked before anything is resolved or dialed: a fetch is
+admitted only as an unserved ``web_fetch {"url"}`` call of the session's committed reply (a
+GET of that URL), or ``web_search {"query"}`` (a GET of the session's search endpoint for that
+query), and its ``fetch.request`` names that reply and call. The body may name them
+(``reply_seq``, ``call_id``; the harness does); without them the latest committed reply's first
+unserved matching call is taken. Anything else is 409, recorded as ``fetch.request`` (naming
+no call) and a ``FAILED`` ``fetch.response`` with the refusal.
+
 The proxy sets ``host`` and ``content-length`` itself and ``user-agent`` and
 ``accept-encoding: identity`` unless the client set them; it refuses credential headers
 (the record keeps the request bytes) and framing headers (it frames the request itself).
@@ -29,26 +38,31 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from egress_proxy.admission import WEB, Admitted
 from egress_proxy.errors import (
     EgressRefused,
     MalformedFetch,
     ProxyError,
+    ReplayMiss,
+    ReplyNotCommitted,
     ResponseTooLarge,
+    ToolNotAsked,
     UpstreamCut,
     UpstreamUnavailable,
+    answered_status,
 )
 from egress_proxy.fetch_guard import EgressRule
 from egress_proxy.providers import CREDENTIAL_HEADERS, parse_request
 from egress_proxy.replay_plan import ReplayPlan
 from egress_proxy.sessions import Session
 from egress_proxy.tool_config import FetchConfig
-from egress_proxy.tools import append
+from egress_proxy.tools import MAX_SEQ, NamedReply, ToolAsk, ToolCalls, append
 from egress_proxy.transports.base import UpstreamRequest
-from record.digest import Domain, digest
+from record.digest import Domain, canonical_json, digest
 from record.log import Appended, Log
 from record.schema import FetchRequest, FetchResponse, describe
 
@@ -61,6 +75,11 @@ FRAMING_HEADERS = frozenset(
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?|")
 _TARGET = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
+#: The session label holding ``web_search``'s endpoint, ``{query}`` where the query goes.
+SEARCH_LABEL = "affidavit/search_url"
+#: The only headers a web tool's fetch may carry: they choose a form of the page, and carry
+#: nothing the model did not ask to send.
+TOOL_HEADERS = frozenset({"user-agent", "accept", "accept-language"})
 
 
 class ExactResponse(Protocol):
@@ -89,6 +108,8 @@ class _Body(BaseModel):
     url: str
     headers: dict[str, str] | list[tuple[str, str]] = {}
     body: str | None = None
+    reply_seq: int | None = Field(default=None, ge=0, lt=MAX_SEQ, strict=True)
+    call_id: str | None = Field(default=None, min_length=1)
 
 
 @dataclass(frozen=True)
@@ -102,6 +123,8 @@ class FetchAsk:
     port: int  # the URL's port, or its scheme's
     headers: tuple[tuple[str, str], ...]  # lower-case names, in the order sent
     body: bytes
+    given: frozenset[str] = frozenset()  # the names of the headers the client gave
+    named: NamedReply | None = None  # the reply and call the body names, if it names one
 
     def request_bytes(self) -> bytes:
         head = f"{self.method} {self.target} HTTP/1.1\r\n"
@@ -152,7 +175,58 @@ def parse_fetch(raw: bytes, user_agent: str) -> FetchAsk:
             headers.append((key, value))
     if body or given.method in ("POST", "PUT", "PATCH"):
         headers.append(("content-length", str(len(body))))
-    return FetchAsk(given.method, url, target, host, port, tuple(headers), body)
+    if (given.reply_seq is None) != (given.call_id is None):
+        raise MalformedFetch("fetch: reply_seq and call_id name a call together: give both")
+    call = None
+    if given.reply_seq is not None and given.call_id is not None:
+        call = NamedReply(given.reply_seq, given.call_id)
+    return FetchAsk(
+        given.method, url, target, host, port, tuple(headers), body,
+        frozenset(k.lower() for k, _ in pairs), call,
+    )  # fmt: skip
+
+
+def tool_asks(ask: FetchAsk, search_url: str | None) -> tuple[ToolAsk, ...]:
+    """The web tool calls a fetch may be admitted as, most specific first:
+    ``web_search {"query"}`` when its URL is the search endpoint's for some query, then
+    ``web_fetch {"url"}``. None for a fetch no web tool makes: another method than GET, a
+    body, or a header beyond ``TOOL_HEADERS``."""
+    if ask.method != "GET" or ask.body or not ask.given <= TOOL_HEADERS:
+        return ()
+    asks: list[ToolAsk] = []
+    query = search_query(ask.url, search_url) if search_url else None
+    if query is not None:
+        asks.append(ToolAsk(WEB, "web_search", canonical_json({"query": query}), ask.named, True))
+    asks.append(ToolAsk(WEB, "web_fetch", canonical_json({"url": ask.url}), ask.named, True))
+    return tuple(asks)
+
+
+def search_query(url: str, search_url: str) -> str | None:
+    """The query whose search URL is ``url`` (``{query}`` in ``search_url`` replaced by the
+    query percent-encoded, as the harness builds it), or None when there is none."""
+    prefix, marker, suffix = search_url.partition("{query}")
+    if not marker or not url.startswith(prefix) or len(url) < len(prefix) + len(suffix):
+        return None
+    encoded = url[len(prefix) : len(url) - len(suffix)]
+    try:
+        query = unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return query if search_url.replace("{query}", quote(query, safe="")) == url else None
+
+
+def _not_a_tool(ask: FetchAsk) -> ToolNotAsked:
+    why = (
+        f"a {ask.method}"
+        if ask.method != "GET"
+        else "a body"
+        if ask.body
+        else "header " + ", ".join(sorted(ask.given - TOOL_HEADERS))
+    )
+    return ToolNotAsked(
+        f"this fetch is no web tool's call ({why}): web_fetch and web_search are a GET with "
+        f"no body and no headers but {', '.join(sorted(TOOL_HEADERS))}"
+    )
 
 
 @dataclass(frozen=True)
@@ -165,21 +239,27 @@ class FetchAnswer:
 
 
 class Fetcher:
-    def __init__(self, log: Log, transport: ExactTransport, config: FetchConfig) -> None:
-        self.log, self.transport, self.config = log, transport, config
+    def __init__(
+        self, log: Log, transport: ExactTransport, config: FetchConfig, calls: ToolCalls
+    ) -> None:
+        self.log, self.transport, self.config, self.calls = log, transport, config, calls
         self.rule = EgressRule(config.allow, config.deny)
 
     async def fetch(self, session: Session, raw: bytes) -> FetchAnswer:
-        """Record, dial, read, record, answer. Refusals before recording raise ``ProxyError``."""
+        """Admit, record, dial, read, record, answer. A body that is no fetch raises
+        ``ProxyError`` before anything is recorded; a fetch the model did not ask for is
+        answered 409 and recorded as refused, never dialed."""
         ask = parse_fetch(raw, self.config.user_agent)
-        sent = ask.request_bytes()
-        request = FetchRequest(
-            method=ask.method,
-            url=ask.url,
-            request_bytes=sent,
-            content_key=digest(Domain.FETCH_REQUEST, sent),
-        )
-        first = await append(self.log, session, request)
+        admission = await self._admit(session, ask)
+        if isinstance(admission, FetchAnswer):
+            return admission
+        tool, admitted = admission
+        request = _request(ask, admitted)
+        try:
+            first = await append(self.log, session, request)
+        except BaseException:
+            await self.calls.release(session, tool, admitted)
+            raise
         upstream = UpstreamRequest(
             ask.method,
             ask.url,
@@ -227,26 +307,63 @@ class Fetcher:
         with ``replayed_from``; a fetch the plan does not hold raises ``ReplayMiss``. Nothing
         is dialed either way."""
         ask = parse_fetch(raw, self.config.user_agent)
+        admission = await self._admit(session, ask)
+        if isinstance(admission, FetchAnswer):
+            return admission
+        tool, admitted = admission
         sent = ask.request_bytes()
-        recorded, recorded_seq = plan.fetch_result(ask.url, sent)
-        request = FetchRequest(
-            method=ask.method,
-            url=ask.url,
-            request_bytes=sent,
-            content_key=digest(Domain.FETCH_REQUEST, sent),
-        )
-        first = await append(self.log, session, request)
+        try:
+            recorded, recorded_seq = plan.fetch_result(ask.url, sent)
+        except ReplayMiss as exc:
+            await self.calls.release(session, tool, admitted)
+            return await self._refused(session, ask, exc)
+        request = _request(ask, admitted)
+        try:
+            first = await append(self.log, session, request)
+        except BaseException:
+            await self.calls.release(session, tool, admitted)
+            raise
         replay = recorded.model_copy(
             update={"request_seq": first.seq, "replayed_from": recorded_seq}
         )
         entry = await append(self.log, session, replay)
         if recorded.outcome != "COMMITTED" or recorded.response_bytes is None:
             body = recorded.error_bytes or b'{"error":{"code":"upstream_unavailable"}}'
-            return FetchAnswer(recorded.status or 502, body, first.seq)
+            return FetchAnswer(answered_status(body), body, first.seq)
         whole = recorded.response_bytes
         note = _note(session.id, first.seq, entry.seq, request.content_key, whole)
         note["replayed_from"] = recorded_seq
         return FetchAnswer(200, answer_json(whole, note), first.seq)
+
+    async def _admit(
+        self, session: Session, ask: FetchAsk
+    ) -> tuple[ToolAsk, Admitted] | FetchAnswer:
+        """The web tool call the fetch is admitted as, claimed; or the recorded refusal."""
+        refusal: ReplyNotCommitted | None = None
+        for tool in tool_asks(ask, session.labels.get(SEARCH_LABEL)):
+            try:
+                return tool, await self.calls.claim(session, tool)
+            except ReplyNotCommitted as exc:
+                refusal = refusal or exc
+        return await self._refused(session, ask, refusal or _not_a_tool(ask))
+
+    async def _refused(self, session: Session, ask: FetchAsk, error: ProxyError) -> FetchAnswer:
+        """Record a fetch refused before it could be sent: ``fetch.request`` naming the reply
+        it was checked against but no call, then ``FAILED`` with the body answered."""
+        if ask.named is not None:
+            reply_seq: int | None = ask.named.reply_seq
+        else:
+            reply_seq = await self.calls.latest_reply(session)
+        sent = ask.request_bytes()
+        request = FetchRequest(
+            method=ask.method,
+            url=ask.url,
+            request_bytes=sent,
+            content_key=digest(Domain.FETCH_REQUEST, sent),
+            reply_seq=reply_seq,
+        )
+        first = await append(self.log, session, request)
+        return await self._failed(session, first.seq, error)
 
     async def _record(
         self,
@@ -280,6 +397,18 @@ class Fetcher:
         return FetchAnswer(error.status, body, request_seq)
 
 
+def _request(ask: FetchAsk, admitted: Admitted) -> FetchRequest:
+    sent = ask.request_bytes()
+    return FetchRequest(
+        method=ask.method,
+        url=ask.url,
+        request_bytes=sent,
+        content_key=digest(Domain.FETCH_REQUEST, sent),
+        reply_seq=admitted.reply_seq,
+        call_id=admitted.call_id,
+    )
+
+
 def _note(
     stream: str, request_seq: int, seq: int, content_key: str, whole: bytes
 ) -> dict[str, object]:
@@ -310,6 +439,15 @@ def answer_json(whole: bytes, note: dict[str, object] | None = None) -> bytes:
     if note is not None:
         answer["affidavit"] = note
     return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def recorded_fetch(response: FetchResponse) -> tuple[int, bytes]:
+    """Status and JSON answer of a recorded fetch with a known outcome, as the proxy gave
+    them live (the note aside): what resume and reconstruct hand the tool again."""
+    if response.outcome == "COMMITTED" and response.response_bytes is not None:
+        return 200, answer_json(response.response_bytes)
+    error = response.error_bytes or b'{"error":{"code":"upstream_unavailable"}}'
+    return answered_status(error), error
 
 
 def _status_line(response: ExactResponse) -> bytes:

@@ -126,6 +126,7 @@ class McpGateway:
         *,
         env: Mapping[str, str],
         max_body_bytes: int,
+        calls: ToolCalls | None = None,
     ) -> None:
         if any(isinstance(s, StdioServer) and s.network == "none" for s in servers.values()):
             check_netns()
@@ -134,7 +135,7 @@ class McpGateway:
         #: The upstreams started so far, by (session id, server); "" for one all sessions use.
         self.links: dict[tuple[str, str], Link] = {}
         self.registry, self.max_body_bytes = registry, max_body_bytes
-        self.calls = ToolCalls(log)
+        self.calls = calls if calls is not None else ToolCalls(log)
         self.server: Server[Any] = Server("affidavit-proxy")
         self.server.add_request_handler("tools/list", types.PaginatedRequestParams, self._list)
         self.server.add_request_handler("tools/call", types.CallToolRequestParams, self._call)

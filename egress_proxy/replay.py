@@ -31,7 +31,7 @@ from typing import Any
 
 from egress_proxy.clock import Clock
 from egress_proxy.errors import ProxyError, ReplayMiss
-from egress_proxy.fetch import answer_json, parse_fetch
+from egress_proxy.fetch import parse_fetch, recorded_fetch
 from egress_proxy.pipeline import (
     Call,
     Committed,
@@ -122,9 +122,7 @@ class Reconstruction:
         reply = recorded.reply
         if not isinstance(reply, FetchResponse):
             raise ReplayMiss(f"the recorded fetch at seq {recorded.seq} got no response")
-        if reply.outcome != "COMMITTED" or reply.response_bytes is None:
-            return reply.status or 502, reply.error_bytes or b"{}"
-        return 200, answer_json(reply.response_bytes)
+        return recorded_fetch(reply)
 
     def recorded_inputs(self) -> list[bytes]:
         """The inputs the harness sent, as recorded (what a re-drive of it must send again)."""

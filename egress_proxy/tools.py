@@ -188,7 +188,10 @@ def _reply(body: Strict) -> _Reply | None:
 
 
 #: The kinds a session's ledger folds in (``egress_proxy.admission.Ledger``).
-_FOLDED = frozenset({"model.response", "tool.call", "tool.result", "turn.decided"})
+_FOLDED = frozenset(
+    {"model.response", "tool.call", "tool.result", "turn.decided", "fetch.request",
+     "fetch.response"}
+)  # fmt: skip
 
 
 class ToolCalls:
@@ -208,6 +211,22 @@ class ToolCalls:
         """Raise the refusal ``admit`` would (``ReplyNotCommitted`` or a subclass), claiming
         nothing: lets a route answer 409 before it hands the call on."""
         await asyncio.to_thread(self._decide, session.id, ask, False)
+
+    async def claim(self, session: Session, ask: ToolAsk) -> Admitted:
+        """Check the rule and claim the call, recording nothing: the caller records the call
+        (a fetch's ``fetch.request``), or ``release``s the claim if it cannot."""
+        admitted = await asyncio.to_thread(self._decide, session.id, ask, True)
+        assert admitted is not None
+        return admitted
+
+    async def release(self, session: Session, ask: ToolAsk, admitted: Admitted) -> None:
+        """Undo a ``claim`` whose call could not be recorded."""
+        await asyncio.to_thread(self._release, session.id, ask, admitted)
+
+    async def latest_reply(self, session: Session) -> int | None:
+        """The seq of the session's latest committed model reply, if any."""
+        ledger = await asyncio.to_thread(self._refreshed, session.id)
+        return ledger.latest_reply
 
     async def admit(self, session: Session, ask: ToolAsk) -> int:
         """Check the rule and claim the call, then append ``tool.call`` and wait until it is

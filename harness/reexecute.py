@@ -22,6 +22,7 @@ from harness.session import (
     LABEL_API,
     LABEL_MODEL,
     LABEL_POLICY,
+    LABEL_SEARCH,
     append_event,
     control,
     read_bodies,
@@ -180,6 +181,8 @@ def reexecute_turn(
                 LABEL_API: labels.get(LABEL_API, appliance.api),
                 LABEL_MODEL: labels.get(LABEL_MODEL, appliance.model),
                 LABEL_POLICY: labels.get(LABEL_POLICY, TurnPolicy().to_json()),
+                # the proxy admits a web_search fetch by the session's search endpoint
+                **({LABEL_SEARCH: labels[LABEL_SEARCH]} if LABEL_SEARCH in labels else {}),
             },
             pins,
         )
@@ -195,9 +198,7 @@ def reexecute_turn(
         replay,
         TurnStarted(turn=turn, input_bytes=data, input_digest=digest(Domain.INPUT, data)),
     )
-    toolbox = ProxyToolbox(
-        state.base_url, state.token, search_url=labels.get("affidavit/search_url")
-    )
+    toolbox = ProxyToolbox(state.base_url, state.token, search_url=labels.get(LABEL_SEARCH))
     api = model_api(labels.get(LABEL_API, appliance.api), state.base_url, state.token)
     pending: list[StepVerdict] = []
 

@@ -150,8 +150,17 @@ class _ResumeToolbox:
             b.call_id: (seq, b, results.get(seq)) for seq, b in sliced if isinstance(b, ToolCall)
         }
         answers = {b.request_seq: b for _, b in sliced if isinstance(b, FetchResponse)}
+        #: fetches admitted as a call (``fetch.request`` names it), by call id
+        self.fetched = {
+            b.call_id: answers.get(seq)
+            for seq, b in sliced
+            if isinstance(b, FetchRequest) and b.call_id
+        }
+        #: fetches recorded before fetches named their call: matched by URL
         self.fetches = [
-            (b.url, answers.get(seq)) for seq, b in sliced if isinstance(b, FetchRequest)
+            (b.url, answers.get(seq))
+            for seq, b in sliced
+            if isinstance(b, FetchRequest) and b.reply_seq is None and b.call_id is None
         ]
         self.decisions = {b.call_seq: b.decision for _, b in sliced if isinstance(b, TurnDecided)}
         self.served = 0
@@ -159,6 +168,12 @@ class _ResumeToolbox:
 
     def call(self, spec: ToolSpec, arguments: bytes, *, reply_seq: int, call_id: str) -> ToolOutput:
         if spec.kind in ("fetch", "search"):
+            answered = self.fetched.get(call_id)
+            if answered is not None and answered.outcome != "UNKNOWN":
+                self.served += 1  # served once, whatever its outcome: the proxy sends no more
+                from egress_proxy.fetch import recorded_fetch
+
+                return fetch_text(*recorded_fetch(answered))
             url = json.loads(fetch_body(spec, json.loads(arguments), self.search_url))["url"]
             for index, (seen, answer) in enumerate(self.fetches):
                 if seen == url and answer is not None and answer.outcome == "COMMITTED":

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from egress_proxy.fetch import SEARCH_LABEL
 from harness.agent import Agent, TurnPolicy, TurnResult
 from harness.model_api import model_api
 from harness.state import Appliance, Home, HomeMissing, SessionState
@@ -59,7 +60,7 @@ __all__ = [
 LABEL_API = "affidavit/api"  # the model API the session speaks: openai or anthropic
 LABEL_MODEL = "affidavit/model"
 LABEL_POLICY = "affidavit/policy"
-LABEL_SEARCH = "affidavit/search_url"
+LABEL_SEARCH = SEARCH_LABEL  # web_search's endpoint: the proxy admits its fetches by it
 
 
 def user_key(home: Home, path: Path | str | None = None, *, create: bool = False) -> KeyPair:

@@ -136,16 +136,37 @@ def clip(text: str) -> str:
     return text[:MAX_TOOL_TEXT] + f"\n[cut: {len(text) - MAX_TOOL_TEXT} more characters]"
 
 
-def fetch_body(spec: ToolSpec, arguments: Mapping[str, Any], search_url: str | None) -> bytes:
-    """The fetch endpoint's request body for a web tool's call (exact: it is recorded)."""
+def fetch_body(
+    spec: ToolSpec,
+    arguments: Mapping[str, Any],
+    search_url: str | None,
+    *,
+    reply_seq: int | None = None,
+    call_id: str | None = None,
+) -> bytes:
+    """The fetch endpoint's request body for a web tool's call (exact: it is recorded), naming
+    the reply and call it answers when given (the proxy admits it only as that call)."""
     if spec.kind == "fetch":
         url = str(arguments.get("url", ""))
     else:
         if not search_url:
             raise ToolCallFailed("web_search has no search endpoint configured", outcome="FAILED")
         url = search_url.replace("{query}", quote(str(arguments.get("query", "")), safe=""))
-    body = {"method": "GET", "url": url, "headers": {"user-agent": USER_AGENT}}
+    body: dict[str, Any] = {"method": "GET", "url": url, "headers": {"user-agent": USER_AGENT}}
+    if reply_seq is not None and call_id is not None:
+        body.update(reply_seq=reply_seq, call_id=call_id)
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _error_code(answer: bytes) -> str:
+    """The proxy's ``error.code`` in an error answer ("" when it names none)."""
+    try:
+        parsed = load_json(answer)
+    except JsonRefused:
+        return ""
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else ""
 
 
 def fetch_text(status: int, answer: bytes) -> ToolOutput:
@@ -155,10 +176,7 @@ def fetch_text(status: int, answer: bytes) -> ToolOutput:
     except JsonRefused:
         parsed = None
     if status != 200 or not isinstance(parsed, dict) or "body" not in parsed:
-        code = ""
-        if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-            code = str(parsed["error"].get("code", ""))
-        return ToolOutput(f"fetch failed: {status} {code}".strip(), "FAILED")
+        return ToolOutput(f"fetch failed: {status} {_error_code(answer)}".strip(), "FAILED")
     body = base64.b64decode(parsed["body"]).decode("utf-8", "replace")
     note = parsed.get("affidavit")
     seq = note.get("seq") if isinstance(note, dict) else None
@@ -309,7 +327,7 @@ class ProxyToolbox:
     def call(self, spec: ToolSpec, arguments: bytes, *, reply_seq: int, call_id: str) -> ToolOutput:
         args = json.loads(arguments)
         if spec.kind in ("fetch", "search"):
-            body = fetch_body(spec, args, self.search_url)
+            body = fetch_body(spec, args, self.search_url, reply_seq=reply_seq, call_id=call_id)
             try:
                 answer = self.http.post(f"{self.base_url}/v1/fetch", content=body)
             except httpx.HTTPError as exc:
@@ -317,7 +335,11 @@ class ProxyToolbox:
             if answer.status_code in (502, 503):
                 raise ToolCallFailed(f"{spec.name}: {answer.text[:200]}")
             if answer.status_code == 409:
-                raise ReplayMissed(f"{spec.name}: {answer.text[:400]}")
+                code = _error_code(answer.content)
+                if code == "replay_miss":
+                    raise ReplayMissed(f"{spec.name}: {answer.text[:400]}")
+                if code == "reply_not_committed":
+                    raise ToolCallFailed(f"{spec.name}: {answer.text[:400]}", outcome="FAILED")
             return fetch_text(answer.status_code, answer.content)
         return asyncio.run(self._call_mcp(spec, args, reply_seq, call_id))
 

@@ -238,6 +238,9 @@ class FetchRequest(Strict):
     url: str
     request_bytes: B64Bytes
     content_key: Digest  # 0x07 over request_bytes
+    # the web tool call this fetch was admitted as (None: refused, or recorded before #16)
+    reply_seq: int | None = Field(default=None, ge=0)
+    call_id: str | None = None
 
 
 class FetchResponse(Strict):

@@ -84,8 +84,13 @@ TARGETS: dict[str, Target] = {
     "record/schema.py": Target(
         ("record/schema.py",), (T + "record/test_schema.py", T + "record/test_bad_input.py")
     ),
-    "egress_proxy/admission.py": Target(
-        ("egress_proxy/admission.py",), (T + "egress_proxy/test_tool_admission.py",)
+    "egress_proxy/admission.py": Target(  # the pure rule first: a break fails in a second
+        ("egress_proxy/admission.py",),
+        (
+            T + "egress_proxy/test_admission_rule.py",
+            T + "egress_proxy/test_tool_admission.py",
+            T + "egress_proxy/test_fetch_admission.py",
+        ),
     ),
     "egress_proxy/replay.py": Target(
         ("egress_proxy/replay.py",),
@@ -173,6 +178,9 @@ def _prepare(name: str, target: Target) -> Path:
             f"pytest_add_cli_args_test_selection = {_toml_list([*target.tests, *target.pytest_args])}",
             'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
             "use_git_change_detection = false",
+            # a mutant that loops forever (a Merkle split that never shrinks) is stopped after
+            # (test CPU time + 1) * 2 * this many CPU seconds; mutmut's 15 spends minutes each
+            "timeout_multiplier = 4.0",
             "",
         ]
     )

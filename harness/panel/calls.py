@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.panel.jobs import Job
 from harness.panel.source import Opened, Source
-from record.schema import ModelRequest, ModelResponse, ToolCall
+from record.schema import FetchRequest, ModelRequest, ModelResponse, ToolCall
 
 __all__ = ["CALLS", "call_rows", "calls_refusal", "run_calls_replay", "run_calls_verify"]
 
@@ -26,8 +26,10 @@ def call_rows(opened: Opened) -> list[dict[str, Any]]:
     bodies = opened.strict()
     replies = {b.request_seq: (s, b) for s, b in bodies if isinstance(b, ModelResponse)}
     tools: dict[int, int] = {}
-    for _, body in bodies:
-        if isinstance(body, ToolCall):
+    for _, body in bodies:  # the calls each reply asked for that went out: tools and fetches
+        if isinstance(body, FetchRequest) and not body.call_id:
+            continue  # a refused fetch answers none of the reply's calls
+        if isinstance(body, ToolCall | FetchRequest) and body.reply_seq is not None:
             tools[body.reply_seq] = tools.get(body.reply_seq, 0) + 1
     rows = []
     for seq, body in bodies:

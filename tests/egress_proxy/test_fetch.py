@@ -20,6 +20,9 @@
   ``Location`` (allow-listed, even) is never dialed. The transport connects to the pinned
   address only, the ``Host`` header still the URL's name. The module rig allow-lists
   ``127.0.0.1/32`` explicitly for the raw servers the other tests dial.
+- Fetches only as the model asked (#16 line 6): every fetch here answers a ``web_fetch`` call
+  of a reply committed through the proxy first (``_asked``); ``test_fetch_admission.py``
+  shows the refusals.
 """
 
 from __future__ import annotations
@@ -47,8 +50,15 @@ from record.digest import Domain, digest
 from record.log import Log
 from record.schema import FetchRequest, FetchResponse
 from record.seal import KeyPair
-from tests.egress_proxy.loopback import ENV, proxy_config, read_bodies
-from tests.egress_proxy.tool_rig import RawHttpServer, ToolRig, build_tool_rig
+from tests.egress_proxy.loopback import (
+    ENV,
+    FakeUpstream,
+    LoopbackServer,
+    Rig,
+    proxy_config,
+    read_bodies,
+)
+from tests.egress_proxy.tool_rig import RawHttpServer, ToolRig, build_tool_rig, committed_reply
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +76,16 @@ def _fetch(session: Any, doc: Any, *, token: str | None = None) -> httpx.Respons
 
 
 def _entries(tools: ToolRig, stream: str) -> list[Any]:
-    return [b for _, b in tools.rig.bodies(stream).values()][1:]  # after stream.opened
+    """The session's fetch entries (its model call, which asked for them, left out)."""
+    bodies = [b for _, b in tools.rig.bodies(stream).values()]
+    return [b for b in bodies if isinstance(b, FetchRequest | FetchResponse)]
+
+
+def _asked(rig: Rig, session: Any, *urls: str) -> int:
+    """Commit a model reply that asks for ``web_fetch`` of each URL: the calls a fetch of
+    each is admitted as (``egress_proxy.fetch``). Its seq."""
+    calls = [(f"call_{i}", "web_fetch", {"url": url}) for i, url in enumerate(urls)]
+    return committed_reply(rig, session, list(calls))
 
 
 PAGE = gzip.compress(b"<html>hello</html>", mtime=0)
@@ -91,11 +110,11 @@ def test_the_exact_bytes_sent_are_recorded_first_and_the_reply_verbatim(tools: T
     with RawHttpServer(REPLY) as server:
         server.on_request = inspect_store
         url = f"http://127.0.0.1:{server.port}/a/b?q=1&r=%2F~x"
+        reply_seq = _asked(rig, session, url)
         doc = {
-            "method": "POST",
+            "method": "GET",
             "url": url,
-            "headers": [["X-Trace", "1"], ["accept", "text/html"]],
-            "body": base64.b64encode(b'{"k": 1}').decode(),
+            "headers": [["Accept-Language", "en"], ["accept", "text/html"]],
         }
         response = _fetch(session, doc)
     assert not server.errors, server.errors
@@ -105,9 +124,9 @@ def test_the_exact_bytes_sent_are_recorded_first_and_the_reply_verbatim(tools: T
     assert (
         sent
         == (
-            f"POST /a/b?q=1&r=%2F~x HTTP/1.1\r\nhost: 127.0.0.1:{server.port}\r\n"
-            "x-trace: 1\r\naccept: text/html\r\nuser-agent: affidavit-proxy\r\n"
-            'accept-encoding: identity\r\ncontent-length: 8\r\n\r\n{"k": 1}'
+            f"GET /a/b?q=1&r=%2F~x HTTP/1.1\r\nhost: 127.0.0.1:{server.port}\r\n"
+            "accept-language: en\r\naccept: text/html\r\nuser-agent: affidavit-proxy\r\n"
+            "accept-encoding: identity\r\n\r\n"
         ).encode()
     )
     answer = response.json()
@@ -124,7 +143,8 @@ def test_the_exact_bytes_sent_are_recorded_first_and_the_reply_verbatim(tools: T
     assert base64.b64decode(answer["body"]) == PAGE  # as received: not decompressed
     request, reply = _entries(tools, session.session_id)
     assert isinstance(request, FetchRequest) and isinstance(reply, FetchResponse)
-    assert (request.method, request.url) == ("POST", url)
+    assert (request.method, request.url) == ("GET", url)
+    assert (request.reply_seq, request.call_id) == (reply_seq, "call_0")  # the call it answers
     assert request.content_key == digest(Domain.FETCH_REQUEST, sent)
     assert (reply.outcome, reply.status, reply.response_bytes) == ("COMMITTED", 201, REPLY)
     assert reply.response_digest == digest(Domain.FETCH_RESPONSE, REPLY)
@@ -139,7 +159,9 @@ def test_a_chunked_body_is_recorded_without_its_framing(tools: ToolRig) -> None:
     session = tools.rig.open_session()
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     with RawHttpServer(head + b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n") as server:
-        response = _fetch(session, {"method": "GET", "url": f"http://127.0.0.1:{server.port}/"})
+        url = f"http://127.0.0.1:{server.port}/"
+        _asked(tools.rig, session, url)
+        response = _fetch(session, {"method": "GET", "url": url})
     assert base64.b64decode(response.json()["body"]) == b"hello world"
     _, reply = _entries(tools, session.session_id)
     assert isinstance(reply, FetchResponse)
@@ -156,17 +178,20 @@ def _closed_port() -> int:
 
 def test_no_connection_is_recorded_unknown(tools: ToolRig) -> None:
     session = tools.rig.open_session()
-    response = _fetch(session, {"method": "GET", "url": f"http://127.0.0.1:{_closed_port()}/x"})
+    url = f"http://127.0.0.1:{_closed_port()}/x"
+    reply_seq = _asked(tools.rig, session, url)
+    response = _fetch(session, {"method": "GET", "url": url})
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_unavailable"
     request, reply = _entries(tools, session.session_id)
     assert isinstance(request, FetchRequest) and isinstance(reply, FetchResponse)
     assert (reply.outcome, reply.status, reply.response_bytes) == ("UNKNOWN", None, None)
-    assert response.headers["affidavit-request-seq"] == "1"
+    assert response.headers["affidavit-request-seq"] == str(reply_seq + 1)
 
 
 def test_a_name_that_does_not_resolve_is_recorded_unknown(tools: ToolRig) -> None:
     session = tools.rig.open_session()
+    _asked(tools.rig, session, "http://nothing.invalid/x")
     response = _fetch(session, {"method": "GET", "url": "http://nothing.invalid/x"})
     assert response.status_code == 502
     error = response.json()["error"]
@@ -180,7 +205,9 @@ def test_a_cut_body_is_recorded_unknown_with_what_arrived(tools: ToolRig) -> Non
     session = tools.rig.open_session()
     partial = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b"
     with RawHttpServer(partial) as server:
-        response = _fetch(session, {"method": "GET", "url": f"http://127.0.0.1:{server.port}/"})
+        url = f"http://127.0.0.1:{server.port}/"
+        _asked(tools.rig, session, url)
+        response = _fetch(session, {"method": "GET", "url": url})
     assert response.status_code == 502 and response.json()["error"]["code"] == "upstream_cut"
     _, reply = _entries(tools, session.session_id)
     assert isinstance(reply, FetchResponse)
@@ -192,7 +219,9 @@ def test_a_body_over_the_limit_is_refused_and_recorded_failed(tools: ToolRig) ->
     size = 64 * 1024 + 1  # the rig's fetch.max_response_bytes, plus one
     big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + b"x" * size
     with RawHttpServer(big) as server:
-        response = _fetch(session, {"method": "GET", "url": f"http://127.0.0.1:{server.port}/"})
+        url = f"http://127.0.0.1:{server.port}/"
+        _asked(tools.rig, session, url)
+        response = _fetch(session, {"method": "GET", "url": url})
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "response_too_large"
     _, reply = _entries(tools, session.session_id)
@@ -278,21 +307,23 @@ class Listener:
 
 
 @contextmanager
-def _proxy(tmp: Path, fetch: dict[str, Any]) -> Iterator[tuple[ProxyServer, Path, KeyPair]]:
-    """A proxy whose fetch config is ``fetch`` (and nothing allow-listed unless it says so)."""
+def _proxy(tmp: Path, fetch: dict[str, Any]) -> Iterator[Rig]:
+    """A proxy whose fetch config is ``fetch`` (and nothing allow-listed unless it says so),
+    in front of a scripted model upstream (whose replies ask for the fetches)."""
     store = tmp / "record.db"
-    user = KeyPair.generate()
+    appliance, upstream = KeyPair.generate(), FakeUpstream()
     with (
-        Log.open(store, appliance_key=KeyPair.generate()) as log,
-        ProxyServer(proxy_config("http://127.0.0.1:9", fetch=fetch), log, env=ENV) as proxy,
+        LoopbackServer(upstream) as up,
+        Log.open(store, appliance_key=appliance) as log,
+        ProxyServer(proxy_config(up.url, fetch=fetch), log, env=ENV) as proxy,
     ):
-        yield proxy, store, user
+        yield Rig(upstream, up.url, proxy, log, store, KeyPair.generate(), appliance)
 
 
 @pytest.fixture(scope="module")
-def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProxyServer, Path, KeyPair]]:
-    with _proxy(tmp_path_factory.mktemp("strict"), {"enabled": True}) as opened:
-        yield opened
+def strict(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    with _proxy(tmp_path_factory.mktemp("strict"), {"enabled": True}) as rig:
+        yield rig
 
 
 def _ipv6_listener() -> Listener | None:
@@ -339,15 +370,17 @@ INSIDE = [
 ]
 
 
-def test_fetch_cannot_reach_inside_in_any_form(strict: tuple[ProxyServer, Path, KeyPair]) -> None:
-    proxy, store, user = strict
+def test_fetch_cannot_reach_inside_in_any_form(strict: Rig) -> None:
+    proxy, store, user = strict.proxy, strict.store_path, strict.user
     port = int(proxy.url.rsplit(":", 1)[1].split("/")[0])
     v4, v6 = Listener(), _ipv6_listener()
-    session = proxy.registry.open_session([user.recipient])
-    answers: dict[str, httpx.Response] = {}
-    for form in INSIDE:
-        url = form.format(v4=v4.port, v6=v6.port if v6 is not None else v4.port, proxy=port)
-        answers[url] = _fetch(session, {"method": "GET", "url": url})
+    session = strict.open_session()
+    urls = [
+        form.format(v4=v4.port, v6=v6.port if v6 is not None else v4.port, proxy=port)
+        for form in INSIDE
+    ]
+    _asked(strict, session, *urls)  # the model asked for each: only the rule refuses them
+    answers = {url: _fetch(session, {"method": "GET", "url": url}) for url in urls}
     for url, response in answers.items():
         assert response.status_code == 403, (url, response.text)
         error = response.json()["error"]
@@ -357,7 +390,7 @@ def test_fetch_cannot_reach_inside_in_any_form(strict: tuple[ProxyServer, Path, 
     assert v6 is None or v6.connections() == 0
     if v6 is None:
         print("no IPv6 loopback here: the [::] and [::1] forms were tried on the IPv4 port")
-    bodies = [b for _, b in read_bodies(store, session.session_id, user).values()][1:]
+    bodies = [b for _, b in read_bodies(store, session.session_id, user).values()]
     requests = [b for b in bodies if isinstance(b, FetchRequest)]
     refused = [b for b in bodies if isinstance(b, FetchResponse)]
     assert [r.url for r in requests] == list(answers)  # each refusal is recorded
@@ -403,15 +436,17 @@ def test_allow_opens_a_network_and_deny_wins(tmp_path: Path) -> None:
     fetch = {"enabled": True, "allow": ["127.0.0.0/8"], "deny": ["127.0.0.1/32"]}
     listener = Listener()
     with (
-        _proxy(tmp_path, fetch) as (proxy, _, user),
+        _proxy(tmp_path, fetch) as rig,
         RawHttpServer(b"HTTP/1.1 204 No\r\n\r\n") as open_,
     ):
-        session = proxy.registry.open_session([user.recipient])
-        denied = _fetch(session, {"method": "GET", "url": f"http://127.0.0.1:{listener.port}/"})
+        session = rig.open_session()
+        deny, allow = f"http://127.0.0.1:{listener.port}/", f"http://127.0.0.2:{open_.port}/"
+        _asked(rig, session, deny, allow)
+        denied = _fetch(session, {"method": "GET", "url": deny})
         assert denied.status_code == 403 and "fetch.deny" in denied.json()["error"]["message"]
         # allowed: 127.0.0.2 is in 127.0.0.0/8 and not denied (the raw server listens on
         # 127.0.0.1 only, so nothing answers there: the fetch was dialed, not refused)
-        dialed = _fetch(session, {"method": "GET", "url": f"http://127.0.0.2:{open_.port}/"})
+        dialed = _fetch(session, {"method": "GET", "url": allow})
         assert dialed.status_code == 502
         assert dialed.json()["error"]["code"] == "upstream_unavailable"
     assert listener.connections() == 0
@@ -423,7 +458,9 @@ def test_a_redirect_is_answered_not_followed(tools: ToolRig) -> None:
     location = f"http://127.0.0.1:{target.port}/next"
     reply = f"HTTP/1.1 302 Found\r\nLocation: {location}\r\nContent-Length: 0\r\n\r\n".encode()
     with RawHttpServer(reply) as server:
-        response = _fetch(session, {"method": "GET", "url": f"http://127.0.0.1:{server.port}/"})
+        url = f"http://127.0.0.1:{server.port}/"
+        _asked(tools.rig, session, url, location)  # the model asked for both: still one hop
+        response = _fetch(session, {"method": "GET", "url": url})
     assert response.status_code == 200
     answer = response.json()
     assert answer["status"] == 302 and ["Location", location] in answer["headers"]

@@ -3,7 +3,8 @@
 The client here is the official ``openai`` SDK (a forced tool call, then a streamed answer
 that uses the tool's result), the official ``mcp`` client on the session's MCP URL (the
 remote ``peek`` tool, whose answer changes on every live call), a fetch on the session's
-fetch endpoint (the loopback page changes on every live fetch) and the official
+fetch endpoint of the page a forced ``web_fetch`` call asked for (the proxy admits a fetch
+only as a call the model made; the loopback page changes on every live fetch) and the official
 ``anthropic`` SDK on ``/v1/messages``, against a pinned session on the real engine. Then:
 ``replay --calls --reconstruct`` rebuilds every call from the record (and names the call a
 tampered store breaks), ``replay --calls`` re-sends each one to the engine (identical
@@ -34,7 +35,14 @@ import openai
 
 from harness.calls import reconstruct_calls, reexecute_calls, replay_verdicts
 from harness.session import open_session, read_bodies
-from record.schema import ModelRequest, ToolCall, ToolResult
+from record.schema import (
+    FetchRequest,
+    FetchResponse,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+)
 from record.seal import KeyPair
 from tests.harness.rig import PINS, HarnessRig, harness_rig
 
@@ -50,6 +58,14 @@ PEEK: Any = {
         },
     },
 }
+
+
+def _web_fetch(page: str) -> Any:
+    """A ``web_fetch`` tool whose only allowed URL is ``page``: a forced call of it on the
+    engine (constrained decoding) asks for exactly that fetch."""
+    url = {"type": "string", "enum": [page]}
+    parameters = {"type": "object", "properties": {"url": url}, "required": ["url"]}
+    return {"type": "function", "function": {"name": "web_fetch", "parameters": parameters}}
 
 
 @dataclass
@@ -104,6 +120,17 @@ def drive(base_url: str, token: str, model: str, page: str) -> Driven:
 
     peeked = asyncio.run(peek())
     answers.append(peeked)
+    messages += [
+        first["choices"][0]["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": peeked},
+    ]
+    raw = client.chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,
+        tools=[_web_fetch(page)],
+        tool_choice={"type": "function", "function": {"name": "web_fetch"}},
+    )
+    notes.append(json.loads(raw.content)["affidavit"])  # it asked for the page: now a fetch
     fetched = httpx.post(
         f"{base_url}/v1/fetch",
         json={"method": "GET", "url": page},
@@ -113,11 +140,7 @@ def drive(base_url: str, token: str, model: str, page: str) -> Driven:
     )
     page_text = base64.b64decode(fetched.json()["body"]).decode()
     answers.append(page_text)
-    messages += [
-        first["choices"][0]["message"],
-        {"role": "tool", "tool_call_id": call["id"], "content": peeked},
-        {"role": "user", "content": f"The page says: {page_text}"},
-    ]
+    messages += [{"role": "user", "content": f"The page says: {page_text}"}]
     text = []
     for chunk in client.chat.completions.create(model=model, messages=messages, stream=True):
         extra = chunk.model_extra or {}
@@ -173,13 +196,17 @@ def cli(home: Any, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_client_drove_a_pinned_stream_with_no_turns(recorded: Recorded) -> None:
     bodies = read_bodies(recorded.store, recorded.session, recorded.key)
     requests = [b for _, b in bodies if isinstance(b, ModelRequest)]
-    assert len(requests) == 3
+    assert len(requests) == 4
     assert [json.loads(r.request_bytes).get("stream") is True for r in requests] == [
+        False,
         False,
         True,
         False,
     ]
-    assert requests[2].provider.endpoint.endswith("/v1/messages")
+    assert requests[3].provider.endpoint.endswith("/v1/messages")
+    (fetch,) = [b for _, b in bodies if isinstance(b, FetchRequest)]  # as the model asked
+    replies = [s for s, b in bodies if isinstance(b, ModelResponse)]
+    assert fetch.reply_seq == replies[1] and fetch.call_id
     (tool,) = [b for _, b in bodies if isinstance(b, ToolCall)]
     assert (tool.server, tool.tool) == ("remote", "peek")
     assert any(isinstance(b, ToolResult) and b.outcome == "COMMITTED" for _, b in bodies)
@@ -195,10 +222,10 @@ def test_calls_reconstruct_from_the_record_alone(recorded: Recorded) -> None:
     done = cli(recorded.rig.home, "replay", recorded.session, "--calls", "--reconstruct")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("Reconstruct call")]
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert all("differs" not in line for line in lines)
-    assert "streamed" in lines[1] and "/v1/messages" in lines[2]
-    assert "reconstructed exactly: 3 of 3 calls" in done.stdout
+    assert "streamed" in lines[2] and "/v1/messages" in lines[3]
+    assert "reconstructed exactly: 4 of 4 calls" in done.stdout
     report = reconstruct_calls(recorded.store, recorded.session, recorded.key)
     assert report.ok
     assert all(
@@ -216,13 +243,13 @@ def test_calls_reconstruct_one_named_call_and_refuses_an_unknown_seq(recorded: R
         "replay",
         recorded.session,
         "--calls",
-        str(seqs[1]),
+        str(seqs[2]),
         "--reconstruct",
         "--json",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
-    assert [c["seq"] for c in doc["calls"]] == [seqs[1]] and doc["ok"]
+    assert [c["seq"] for c in doc["calls"]] == [seqs[2]] and doc["ok"]
     bad = cli(recorded.rig.home, "replay", recorded.session, "--calls", "99999", "--reconstruct")
     assert bad.returncode == 2 and "99999" in bad.stderr
 
@@ -242,7 +269,7 @@ def test_a_tampered_store_fails_reconstruct_naming_the_call(
     from record.seal import open_sealed, seal
 
     seq = [c.seq for c in reconstruct_calls(recorded.store, recorded.session, recorded.key).calls][
-        1
+        2
     ]
     copy = tmp_path / "tampered.sqlite"
     source, db = sqlite3.connect(recorded.store), sqlite3.connect(copy)
@@ -269,7 +296,7 @@ def test_a_tampered_store_fails_reconstruct_naming_the_call(
     db.commit()
     db.close()
     report = reconstruct_calls(copy, recorded.session, recorded.key)
-    assert [c.ok for c in report.calls] == [True, False, True]
+    assert [c.ok for c in report.calls] == [True, True, False, True]
     first = report.first_difference
     assert first is not None and first.seq == seq and first.checks == {"request": False}
     done = cli(
@@ -306,7 +333,7 @@ def test_reply_bytes_that_do_not_match_their_digest_fail_naming_the_call(
             )
         changed.append((seq, body))
     report = reconstruct_calls(recorded.store, recorded.session, recorded.key, bodies=changed)
-    assert [c.ok for c in report.calls] == [True, True, False]
+    assert [c.ok for c in report.calls] == [True, True, True, False]
     first = report.first_difference
     assert first is not None and first.reply_seq == last
     assert first.checks["request"] and not first.checks["reply"]
@@ -318,14 +345,14 @@ def test_calls_reexecute_on_the_engine_with_identical_verdicts(recorded: Recorde
     done = cli(recorded.rig.home, "replay", recorded.session, "--calls")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("Replay of call seq")]
-    assert len(lines) == 3 and all("differs" not in line for line in lines)
+    assert len(lines) == 4 and all("differs" not in line for line in lines)
     assert all("0 live calls" in line for line in lines)
-    assert "3 of 3 calls identical, 0 live calls" in done.stdout
+    assert "4 of 4 calls identical, 0 live calls" in done.stdout
     report = reexecute_calls(recorded.rig.home, recorded.session, key=recorded.key)
-    assert report.identical and len(report.verdicts) == 3
+    assert report.identical and len(report.verdicts) == 4
     replay = read_bodies(recorded.store, report.replay_stream, recorded.key)
     verdicts = replay_verdicts(replay)
-    assert len(verdicts) == 3 and all(v["reply_identical"] for v in verdicts)
+    assert len(verdicts) == 4 and all(v["reply_identical"] for v in verdicts)
     assert len(recorded.rig.remote.calls) == peeks and recorded.rig.web.fetches == fetches
 
 
@@ -343,22 +370,22 @@ def test_session_new_replay_of_reruns_the_client_against_the_record(recorded: Re
     assert again.answers == recorded.driven.answers  # the page and the peek: from the record
     assert len(recorded.rig.remote.calls) == peeks and recorded.rig.web.fetches == fetches
     judged = [note["replay"] for note in again.notes]
-    assert len(judged) == 3
+    assert len(judged) == 4
     for verdict in judged:
         assert verdict["replays"] == recorded.session
         assert verdict["prompt_identical"] and verdict["clock_identical"]
         assert verdict["request_identical"] and verdict["reply_identical"]
         assert verdict["live_calls"] == 0
     bodies = read_bodies(recorded.store, opened["session"], recorded.key)
-    assert len(replay_verdicts(bodies)) == 3
+    assert len(replay_verdicts(bodies)) == 4
     shown = cli(recorded.rig.home, "replay", opened["session"], "--calls", "--reconstruct")
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert (
-        f"Recorded verdicts: 3 of 3 calls judged identical to their recorded twins in "
+        f"Recorded verdicts: 4 of 4 calls judged identical to their recorded twins in "
         f"{recorded.session}" in shown.stdout
     )
-    served = [b for _, b in bodies if isinstance(b, ToolResult)]
-    assert served and all(b.replayed_from is not None for b in served)
+    served = [b for _, b in bodies if isinstance(b, ToolResult | FetchResponse)]
+    assert len(served) == 2 and all(b.replayed_from is not None for b in served)
 
 
 def test_replay_of_judges_a_different_call_and_refuses_a_tool_call_not_recorded(
@@ -448,23 +475,24 @@ def test_in_a_browser_a_stream_with_no_turns_lists_its_calls_with_replay_and_ver
         page.click("#calls-link")
         page.wait_for_selector("#replay-button")
         rows = page.locator("tr.call")
-        assert rows.count() == 3
-        assert "streamed" in rows.nth(1).inner_text()
-        assert "/v1/messages" in rows.nth(2).inner_text()
+        assert rows.count() == 4
+        assert "streamed" in rows.nth(2).inner_text()
+        assert "/v1/messages" in rows.nth(3).inner_text()
         assert rows.nth(0).locator("td").nth(7).inner_text() == "1"  # the peek it asked for
+        assert rows.nth(1).locator("td").nth(7).inner_text() == "1"  # the fetch it asked for
         page.click("#verify-button")
         page.wait_for_selector("#verify-result", timeout=60_000)
-        assert "reconstructed exactly: 3 of 3 calls" in page.inner_text("#verify-result")
+        assert "reconstructed exactly: 4 of 4 calls" in page.inner_text("#verify-result")
         checked = page.locator("#verify-lines li.same").all_inner_texts()
-        assert len(checked) == 3 and all("differs" not in line for line in checked)
+        assert len(checked) == 4 and all("differs" not in line for line in checked)
         page.click("#replay-button")
         page.wait_for_selector("#replay-summary", timeout=120_000)
         lines = page.locator("#replay-banner li").all_inner_texts()
-        assert len(lines) == 3
+        assert len(lines) == 4
         for line in lines:
             assert "prompt identical · injected clock identical · request identical · " in line
             assert line.endswith("reply identical · 0 live calls"), line
-        assert "3 of 3 calls identical, 0 live calls" in page.inner_text("#replay-summary")
+        assert "4 of 4 calls identical, 0 live calls" in page.inner_text("#replay-summary")
         assert page.locator("#verify-result").count() == 1  # the verify banner stays
         context.close()
     assert len(recorded.rig.remote.calls) == peeks and recorded.rig.web.fetches == fetches

@@ -29,6 +29,7 @@ from harness.session import open_session, read_bodies, run_turn
 from record.schema import (
     FetchRequest,
     ModelRequest,
+    ModelResponse,
     StreamOpened,
     ToolCall,
     ToolResult,
@@ -290,36 +291,54 @@ def test_the_harness_connects_to_nothing_but_the_proxy(recorded: Recorded, tmp_p
 def test_an_armed_session_answers_fetches_from_the_plan_and_refuses_the_rest(
     recorded: Recorded,
 ) -> None:
-    """The proxy side of re-execute for web tools: a recorded fetch is answered with the
-    recorded page (the live web has moved on), anything else is 409 ``replay_miss``."""
+    """The proxy side of re-execute for web tools: a fetch is admitted, in the replay stream
+    too, only as a call its re-executed reply asked for; the recorded fetch is then answered
+    with the recorded page (the live web has moved on); anything else is 409."""
+    import base64
+
     import httpx
 
     from egress_proxy.control import ControlClient
+    from harness.calls import route_of
+    from harness.session import LABEL_SEARCH, labels_of
 
     rig = recorded.rig
     bodies = read_bodies(recorded.store, recorded.session, recorded.key)
     fetched = next(b for _, b in bodies if isinstance(b, FetchRequest))
+    asked_by = next(
+        b for s, b in bodies if isinstance(b, ModelResponse) and s == fetched.reply_seq
+    )  # the live fetch names the reply whose web_search call it was
+    steps = [b for s, b in bodies if isinstance(b, ModelRequest) and s <= asked_by.request_seq]
+    search = labels_of(bodies)[LABEL_SEARCH]  # the live session's: web_search is admitted by it
+    labels = {"affidavit/replays": recorded.session, LABEL_SEARCH: search}
     with ControlClient(rig.up.appliance.control_socket) as control:
-        opened = control.open_session(
-            [recorded.key.recipient], {"affidavit/replays": recorded.session}
-        )
+        opened = control.open_session([recorded.key.recipient], labels)
         armed = control.arm_replay(opened.session_id, recorded.session, turn=0)
     assert armed.model_steps == 5 and armed.tool_calls == 4  # 3 MCP calls and 1 fetch
     before = rig.web.fetches
     url = opened.base_url + "/v1/fetch"
     auth = {"authorization": f"Bearer {opened.token}"}
     body = {"method": "GET", "url": fetched.url, "headers": {"user-agent": "affidavit-harness"}}
-    with httpx.Client(trust_env=False, timeout=30) as http:
+    with httpx.Client(trust_env=False, timeout=120) as http:
+        early = http.post(url, json=body, headers=auth)  # no reply asked for it yet
+        for step in steps:  # the recorded model calls, re-executed up to the one that asked
+            sent = http.post(
+                opened.base_url + route_of(step.provider.endpoint),
+                content=step.input_bytes,
+                headers={**auth, "content-type": "application/json"},
+            )
+            assert sent.status_code == 200, sent.text
         served = http.post(url, json=body, headers=auth)
-        missed = http.post(url, json={**body, "url": rig.web_url + "/elsewhere"}, headers=auth)
+        again = http.post(url, json=body, headers=auth)
+        other = http.post(url, json={**body, "url": rig.web_url + "/elsewhere"}, headers=auth)
+    assert early.status_code == 409 and early.json()["error"]["code"] == "reply_not_committed"
     assert served.status_code == 200, served.text
     answer = served.json()
     assert answer["affidavit"]["replayed_from"] is not None
-    import base64
-
     assert base64.b64decode(answer["body"]).startswith(b"page version 0 ")
-    assert missed.status_code == 409 and missed.json()["error"]["code"] == "replay_miss"
-    assert rig.web.fetches == before  # neither reached the web
+    assert again.status_code == 409 and again.json()["error"]["code"] == "tool_call_served"
+    assert other.status_code == 409 and other.json()["error"]["code"] == "tool_not_asked"
+    assert rig.web.fetches == before  # none reached the web
 
 
 def test_resume_of_an_ended_turn_does_nothing_and_a_decision_nobody_waits_for_is_refused(

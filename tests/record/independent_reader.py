@@ -317,7 +317,14 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
         }
     ),
     "fetch.request": _body(
-        {"method": t_str, "url": t_str, "request_bytes": t_bytes, "content_key": DIGEST}
+        {
+            "method": t_str,
+            "url": t_str,
+            "request_bytes": t_bytes,
+            "content_key": DIGEST,
+            "reply_seq": _opt(t_int(0)),
+            "call_id": _opt(t_str),
+        }
     ),
     "fetch.response": _body(
         {

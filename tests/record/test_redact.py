@@ -114,6 +114,18 @@ WHOLE = (
     b':0,"message":{"role":"assistant","content":"Stored \\u0073ecret-4711-quokka."},'
     b'"finish_reason":"stop"}]}'
 )
+
+
+def _asks_for(url: str) -> bytes:
+    """A whole reply asking for ``web_fetch`` of ``url``: the call the fetch is admitted as."""
+    function = {"name": "web_fetch", "arguments": json.dumps({"url": url})}
+    call = {"id": "call_2", "type": "function", "function": function}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+    reply = {"id": "chatcmpl-3", "object": "chat.completion", "created": 1, "model": "m"}
+    return json.dumps({**reply, "choices": [choice]}).encode()
+
+
 #: The page the fetch reads: chunked, the secret split across chunks and escaped in JSON.
 PAGE = b'{"note": "the \\u0073ecret-4711-quokka page"}'
 
@@ -161,7 +173,8 @@ def _request(text: str, *, stream: bool) -> bytes:
 @pytest.fixture(scope="module")
 def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
     """One turn recorded through the real proxy: the harness's events over the control
-    plane, two model calls (streamed, whole) to a scripted upstream, and one fetch."""
+    plane, three model calls (streamed, whole, whole asking for the page) to a scripted
+    upstream, and one fetch."""
     tmp = tmp_path_factory.mktemp("redact")
     store = tmp / "record.db"
     user, appliance = KeyPair.generate(), KeyPair.generate()
@@ -201,6 +214,9 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
             assert first.status_code == 200, first.text
             second = client.post(url, content=_request("Stored?", stream=False), headers=headers)
             assert second.status_code == 200, second.text
+            upstream.script = Script(chunks=[_asks_for(f"{page.url}/notes")])
+            third = client.post(url, content=_request("Read it.", stream=False), headers=headers)
+            assert third.status_code == 200, third.text  # it asked for the page: now a fetch
             fetched = client.post(
                 f"{opened.openai_base_url}/fetch",
                 json={"method": "GET", "url": f"{page.url}/notes"},
@@ -247,7 +263,7 @@ def test_the_secret_is_in_the_record_where_a_careless_view_finds_it(session: Ses
     """The plant worked: the bodies hold the secret in each form the views must see through."""
     bodies = read_bodies(session.store, session.stream, session.user)
     kinds = [body.kind for _, body in bodies.values()]  # type: ignore[attr-defined]
-    assert kinds.count("model.request") == 2 and kinds.count("fetch.response") == 1
+    assert kinds.count("model.request") == 3 and kinds.count("fetch.response") == 1
     streamed = next(b for _, b in bodies.values() if isinstance(b, ModelResponse))
     assert streamed.response_bytes is not None
     assert SECRET.encode() not in streamed.response_bytes  # only in pieces
@@ -326,7 +342,7 @@ def test_a_field_rule_hides_every_copy_of_the_field(session: Session) -> None:
     assert "You keep what you are told." not in shown.stdout
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
     requests = [r["body"] for r in rows if r["envelope"]["kind"] == "model.request"]
-    assert len(requests) == 2
+    assert len(requests) == 3
     for body in requests:
         assert body["decoded"]["input_bytes"] == REDACTED
         sent = body["decoded"]["request_bytes"]
