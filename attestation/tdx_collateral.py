@@ -78,9 +78,16 @@ def _exact_member(text: str, key: str) -> str | None:
             i = skip(end)
             if i < n and text[i] == ",":
                 i = skip(i + 1)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # nested past the decoder's stack
         return None
     return None
+
+
+def _json(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _Bad(f"{name} is not JSON: {exc}") from None
 
 
 def _text(value: Any, name: str) -> str:
@@ -154,7 +161,13 @@ def _crl(value: Any, name: str) -> x509.CertificateRevocationList:
         crl.extensions  # noqa: B018
         for revoked in crl:
             revoked.extensions  # noqa: B018
-    except (ValueError, TypeError, UnsupportedAlgorithm, x509.DuplicateExtension) as exc:
+    except (
+        ValueError,
+        TypeError,
+        UnsupportedAlgorithm,
+        x509.DuplicateExtension,
+        x509.InvalidVersion,  # not a ValueError (found by fuzzing)
+    ) as exc:
         raise _Bad(f"{name}: does not parse as a CRL: {exc}") from None
     return crl
 
@@ -186,7 +199,7 @@ def _load_signed(members: Mapping[str, Any], name: str, member: str) -> _Signed:
         inner = _exact_member(text, member)
         if inner is not None:
             sig = _exact_member(text, "signature")
-            embedded_signature = json.loads(sig) if sig is not None else None
+            embedded_signature = _json(sig, f"{name}'s signature") if sig is not None else None
             text = inner
         signed.text = text
         sig_value = members.get(f"{name}_signature", embedded_signature)
@@ -202,7 +215,7 @@ def _load_signed(members: Mapping[str, Any], name: str, member: str) -> _Signed:
     if signed.text is not None:
         try:
             doc = json.loads(signed.text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             signed.parse_problem = f"{name} is not JSON: {exc}"
         else:
             if isinstance(doc, dict):
@@ -218,7 +231,7 @@ def _collateral_members(collateral: Mapping[str, Any] | bytes | str) -> Mapping[
     if isinstance(collateral, bytes | bytearray | str):
         try:
             members = json.loads(collateral)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
             raise ValueError(f"collateral: not JSON: {exc}") from None
         if not isinstance(members, dict):
             raise ValueError("collateral: not a JSON object")
