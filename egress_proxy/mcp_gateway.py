@@ -493,9 +493,17 @@ def _unavailable(link: Link, exc: BaseException) -> MCPError:
     return MCPError(types.INTERNAL_ERROR, message, {"code": "upstream_unavailable"})
 
 
+#: The largest integer RFC 8785 writes exactly (I-JSON's safe range): a JSON-RPC id past it
+#: cannot be echoed in a canonical answer, so it is answered as ``null``, as JSON-RPC does an
+#: id it cannot read (found by fuzzing).
+_MAX_SAFE_ID = 2**53 - 1
+
+
 def _request_id(request_id: object) -> str | int | None:
-    if isinstance(request_id, str | int) and not isinstance(request_id, bool):
+    if isinstance(request_id, str):
         return request_id
+    if isinstance(request_id, int) and not isinstance(request_id, bool):
+        return request_id if abs(request_id) <= _MAX_SAFE_ID else None
     return None
 
 
