@@ -545,7 +545,8 @@ class _KeyPair:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
         try:
-            with os.fdopen(fd, "w", encoding="ascii") as handle:
+            # UTF-8: signed-note key names are UTF-8, the rest of the key string is ASCII
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(signer.skey() + "\n")
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -564,8 +565,9 @@ class _KeyPair:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise KeyFileError(f"cannot open signing key file {path}: {exc}") from exc
-        with os.fdopen(fd, "r", encoding="ascii") as handle:
-            st = os.fstat(handle.fileno())  # the file we read, not whatever the path is now
+        try:
+            st = os.fstat(fd)  # the file we read, not whatever the path is now
+            # before fdopen, which would refuse a directory with an untyped IsADirectoryError
             if not stat.S_ISREG(st.st_mode):
                 raise KeyFileError(f"signing key file {path} is not a regular file")
             mode = stat.S_IMODE(st.st_mode)
@@ -574,6 +576,10 @@ class _KeyPair:
                     f"signing key file {path} has mode {mode:#o}; group and others must have "
                     "no access (chmod 600)"
                 )
+        except KeyFileError:
+            os.close(fd)
+            raise
+        with os.fdopen(fd, "r", encoding="utf-8") as handle:
             try:
                 content = handle.read()
             except (OSError, UnicodeDecodeError) as exc:

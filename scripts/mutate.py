@@ -58,6 +58,9 @@ class Target:
     #: mutmut mutant-name globs (``module.x_function__mutmut_*``); empty: every function
     functions: tuple[str, ...] = ()
     pytest_args: tuple[str, ...] = field(default=())
+    #: mutmut's ``timeout_multiplier``: 4 stops a loop that never ends in seconds; a target
+    #: whose tests spend their time in fixtures (which mutmut does not count) needs more
+    timeout_multiplier: float = 4.0
 
 
 T = "tests/"
@@ -69,17 +72,21 @@ TARGETS: dict[str, Target] = {
         ("record/checkpoint.py",),
         (T + "record/test_checkpoint.py", T + "record/test_signed_tail.py"),
     ),
+    # audit and reader: rows in memory, word for word (test_audit_problems.py, about a second);
+    # the store and bundle tamper tests (test_audit.py, test_tamper.py) take a minute a mutant
     "record/audit.py": Target(
         ("record/audit.py",),
-        (T + "record/test_audit.py", T + "record/test_tamper.py", T + "record/test_signed_tail.py"),
+        (T + "record/test_audit_problems.py", T + "record/test_signed_tail.py"),
     ),
-    "record/digest.py": Target(
-        ("record/digest.py",), (T + "record/test_digest.py", T + "record/test_canonical.py")
+    "record/digest.py": Target(  # that test reads the source, where mutmut writes None
+        ("record/digest.py",),
+        (T + "record/test_digest.py", T + "record/test_canonical.py"),
+        pytest_args=("-k", "not passes_a_literal_domain"),
     ),
     "record/seal.py": Target(("record/seal.py",), (T + "record/test_seal.py",)),
     "record/reader.py": Target(
         ("record/reader.py",),
-        (T + "record/test_bad_input.py", T + "record/test_seal.py", T + "record/test_audit.py"),
+        (T + "record/test_audit_problems.py", T + "record/test_seal.py"),
     ),
     "record/schema.py": Target(
         ("record/schema.py",), (T + "record/test_schema.py", T + "record/test_bad_input.py")
@@ -96,9 +103,13 @@ TARGETS: dict[str, Target] = {
         ("egress_proxy/replay.py",),
         (T + "egress_proxy/test_replay.py", T + "record/test_readonly.py"),
     ),
-    "egress_proxy/replay_plan.py": Target(
+    "egress_proxy/replay_plan.py": Target(  # the plan as a unit first, then end to end
         ("egress_proxy/replay_plan.py",),
-        (T + "egress_proxy/test_reexecute.py", T + "egress_proxy/test_session_restore.py"),
+        (
+            T + "egress_proxy/test_replay_plan_unit.py",
+            T + "egress_proxy/test_reexecute.py",
+            T + "egress_proxy/test_session_restore.py",
+        ),
     ),
     "attestation/snp.py": Target(("attestation/snp.py",), (T + "attestation/test_snp.py",)),
     "attestation/tdx": Target(
@@ -136,7 +147,11 @@ TARGETS: dict[str, Target] = {
     ),
     "attestation/certs.py": Target(
         ("attestation/certs.py",),
-        (T + "attestation/test_snp.py", T + "attestation/test_tdx.py"),
+        (
+            T + "attestation/test_certs.py",
+            T + "attestation/test_snp.py",
+            T + "attestation/test_tdx.py",
+        ),
     ),
     # the panel's proof code: where an entry sits and its inclusion check, not the page source
     "harness/panel/source.py": Target(
@@ -147,6 +162,7 @@ TARGETS: dict[str, Target] = {
             "harness.panel.source.xǁStreamRecordǁposition__mutmut_*",
         ),
         pytest_args=("-k", "proof or inclusion"),
+        timeout_multiplier=15.0,  # the recorded appliance is built in a fixture
     ),
 }
 
@@ -180,7 +196,7 @@ def _prepare(name: str, target: Target) -> Path:
             "use_git_change_detection = false",
             # a mutant that loops forever (a Merkle split that never shrinks) is stopped after
             # (test CPU time + 1) * 2 * this many CPU seconds; mutmut's 15 spends minutes each
-            "timeout_multiplier = 4.0",
+            f"timeout_multiplier = {target.timeout_multiplier}",
             "",
         ]
     )

@@ -537,3 +537,383 @@ def test_a_bad_trusted_root_is_a_value_error(
     _, chain, key = device
     with pytest.raises(ValueError, match="trusted_root"):
         verify_nvidia(_evidence(key), chain, now=NOW, trusted_root=b"junk")
+
+
+# --------------------------------------------------------------------------- word for word
+
+
+def _signed_by(
+    cn: str,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Certificate | None,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool | None = True,
+    path_length: int | None = None,
+    usage: x509.KeyUsage | None = KEY_CERT_SIGN,
+    fwid: bool = False,
+) -> x509.Certificate:
+    """A certificate for ``key`` signed by ``issuer_key`` (self-signed when no ``issuer``)."""
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn))
+        .issuer_name(_name(cn) if issuer is None else issuer.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(START)
+        .not_valid_after(END)
+    )
+    if ca is not None:
+        builder = builder.add_extension(x509.BasicConstraints(ca, path_length), critical=True)
+    if usage is not None:
+        builder = builder.add_extension(usage, critical=True)
+    if fwid:
+        ext = x509.UnrecognizedExtension(TCG_DICE_FWID_OID, _dice_tcb_info(FWID))
+        builder = builder.add_extension(ext, critical=False)
+    return builder.sign(issuer_key, hashes.SHA384())
+
+
+def _pem(*certs: x509.Certificate) -> bytes:
+    return b"".join(c.public_bytes(Encoding.PEM) for c in certs)
+
+
+def _details(verdict: Verdict) -> dict[str, tuple[bool | None, str]]:
+    return {c.name: (c.ok, c.detail) for c in verdict.checks}
+
+
+def test_generated_checks_word_for_word(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    spki = spki_sha256(x509.load_pem_x509_certificate(root))
+    nonce = bytes(range(32))
+    got = _details(verify_nvidia(_evidence(key), chain, now=NOW, nonce=nonce, trusted_root=root))
+    assert got["report_signature"] == (
+        True,
+        "ECDSA P-384/SHA-384 over request || response (276 bytes) verifies with "
+        "Test GPU FMC LF's key",
+    )
+    assert got["chain.root_pinned"] == (
+        True,
+        "the root Test Device Identity CA is the given trusted root Test Device Identity CA "
+        f"(SPKI SHA-256 {spki})",
+    )
+    assert got["nonce"] == (True, f"the request's nonce is the expected {nonce.hex()}")
+    assert got["fwid"] == (True, f"the leaf's TCG DICE FWID equals the reported {FWID.hex()}")
+    wrong = verify_nvidia(_evidence(key), chain, now=NOW, nonce=bytes(32), trusted_root=root)
+    assert _details(wrong)["nonce"] == (
+        False,
+        f"the request's nonce {nonce.hex()} is not the expected {bytes(32).hex()}",
+    )
+    short = verify_nvidia(_evidence(key), chain, now=NOW, nonce=bytes(31), trusted_root=root)
+    assert _details(short)["nonce"] == (
+        False,
+        f"the request's nonce {nonce.hex()} is not the expected {bytes(31).hex()} "
+        "(31 bytes; SPDM nonces are 32)",
+    )
+    bad = bytearray(_evidence(key))
+    bad[-1] ^= 1
+    assert _details(verify_nvidia(bytes(bad), chain, now=NOW, trusted_root=root))[
+        "report_signature"
+    ] == (
+        False,
+        "the ECDSA P-384/SHA-384 signature over the request and response (276 bytes) does not "
+        "verify with Test GPU FMC LF's key",
+    )
+
+
+def test_without_a_leaf_or_a_fwid_the_checks_say_so(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    none = _details(verify_nvidia(_evidence(key), b"not a certificate", now=NOW))
+    assert none["report_signature"] == (
+        False,
+        "no leaf certificate to check the SPDM signature with",
+    )
+    assert none["fwid"] == (
+        False,
+        f"no leaf certificate: no TCG DICE FWID ({TCG_DICE_FWID_OID.dotted_string})",
+    )
+    opaque = _tlv(3, b"1\x00")
+    no_fwid = verify_nvidia(_evidence(key, opaque=opaque), chain, now=NOW, trusted_root=root)
+    assert _details(no_fwid)["fwid"] == (False, "the opaque data carries no FWID (type 20)")
+
+
+def test_a_leaf_without_a_p384_key_fails_the_signature() -> None:
+    root_key = ec.generate_private_key(ec.SECP384R1())
+    root = _signed_by("Test Root", root_key, None, root_key)
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = _signed_by(
+        "P-256 Leaf", leaf_key, root, root_key, ca=None, usage=DIGITAL_SIGNATURE, fwid=True
+    )
+    device_key = ec.generate_private_key(ec.SECP384R1())
+    verdict = verify_nvidia(
+        _evidence(device_key), _pem(leaf, root), now=NOW, trusted_root=_pem(root)
+    )
+    assert _details(verdict)["report_signature"] == (
+        False,
+        "the leaf P-256 Leaf has no ECDSA P-384 key",
+    )
+    assert not verdict.accepted
+
+
+def _chain_through(
+    **intermediate: Any,
+) -> tuple[Verdict, str]:
+    """root -> intermediate (as given) -> leaf; the verdict and the chain check's detail."""
+    root_key, mid_key, leaf_key = (ec.generate_private_key(ec.SECP384R1()) for _ in range(3))
+    root = _signed_by(
+        "Test Root", root_key, None, root_key, path_length=intermediate.pop("root_path", None)
+    )
+    mid = _signed_by("Test Middle", mid_key, root, root_key, **intermediate)
+    leaf = _signed_by(
+        "Test Leaf", leaf_key, mid, mid_key, ca=None, usage=DIGITAL_SIGNATURE, fwid=True
+    )
+    verdict = verify_nvidia(
+        _evidence(leaf_key), _pem(leaf, mid, root), now=NOW, trusted_root=_pem(root)
+    )
+    return verdict, _details(verdict)["chain"][1]
+
+
+def test_every_issuer_must_be_a_ca_that_may_sign_so_deep() -> None:
+    verdict, _ = _chain_through(root_path=1)
+    assert verdict.accepted, [c.line() for c in verdict.failed]
+    verdict, detail = _chain_through(ca=None)
+    assert not verdict.accepted
+    assert "Test Middle signs certificates but is not a CA (basicConstraints)" in detail
+    verdict, detail = _chain_through(ca=False)
+    assert "Test Middle signs certificates but is not a CA (basicConstraints)" in detail
+    verdict, detail = _chain_through(root_path=0)
+    assert "Test Root's path length 0 is exceeded (1)" in detail
+    verdict, detail = _chain_through(usage=DIGITAL_SIGNATURE)
+    assert "Test Middle's key usage does not allow signing certificates" in detail
+
+
+def test_generated_facts_and_every_check_word_for_word(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    opaque = (
+        _tlv(6, bytes.fromhex("009f009601000000"))
+        + _tlv(3, b"550.90.07\x00")
+        + _tlv(17, b"1010\x00")
+        + _tlv(20, FWID)
+        + _tlv(34, b"\x02\x01")
+    )
+    evidence = _evidence(key, opaque=opaque, trailing=b"\x00\x00")
+    verdict = verify_nvidia(evidence, chain, now=NOW, trusted_root=root)
+    assert verdict.facts == {
+        "spdm_version": "0x11",
+        "nonce": bytes(range(32)).hex(),
+        "responder_nonce": "5a" * 32,
+        "slot_id": 0,
+        "measurement_operation": "0xff",
+        "measurement_blocks": 2,
+        "measurements": {"1": "aa" * 48, "2": "bb" * 48},
+        "trailing_padding": 2,
+        "measurement_value_types": ["0x01"],
+        "driver_version": "550.90.07",
+        "project": "1010",
+        "vbios_version": "96.00.9F.00.01",
+        "fwid": FWID.hex(),
+        "opaque_data_version": 0x0102,
+        "opaque": {
+            "VBIOS_VERSION": "009f009601000000",
+            "DRIVER_VERSION": b"550.90.07\x00".hex(),
+            "PROJECT": b"1010\x00".hex(),
+            "FWID": FWID.hex(),
+            "OPAQUE_DATA_VERSION": "0201",
+        },
+        "trailing_padding_note": "2 zero byte(s) after the signature, outside what the "
+        "signature covers: tolerated as padding",
+        "chain": ["CN=Test GPU FMC LF", "CN=Test Device Identity CA"],
+    }
+    spki = spki_sha256(x509.load_pem_x509_certificate(root))
+    assert _details(verdict) == {
+        "report_signature": (
+            True,
+            "ECDSA P-384/SHA-384 over request || response (282 bytes) verifies with "
+            "Test GPU FMC LF's key",
+        ),
+        "chain": (
+            True,
+            "Test GPU FMC LF → Test Device Identity CA: each certificate signed by the next, "
+            "ending at a self-signed root",
+        ),
+        "chain.root_pinned": (
+            True,
+            "the root Test Device Identity CA is the given trusted root Test Device Identity "
+            f"CA (SPKI SHA-256 {spki})",
+        ),
+        "chain.leaf": (
+            True,
+            "the leaf Test GPU FMC LF is an end-entity certificate with a FWID extension",
+        ),
+        "chain.validity": (True, "all 2 certificate(s) are valid at 2025-01-01T00:00:00Z"),
+        "nonce": (
+            None,
+            "no expected nonce was given: freshness not checked (the request's nonce is "
+            f"{bytes(range(32)).hex()})",
+        ),
+        "fwid": (True, f"the leaf's TCG DICE FWID equals the reported {FWID.hex()}"),
+        "rim.driver": (
+            None,
+            "not checked offline: the measurements were not compared with NVIDIA's driver "
+            "RIM (driver 550.90.07); --online would fetch and compare it",
+        ),
+        "rim.vbios": (
+            None,
+            "not checked offline: the measurements were not compared with NVIDIA's VBIOS "
+            "RIM (VBIOS 96.00.9F.00.01); --online would fetch and compare it",
+        ),
+        "ocsp": (
+            None,
+            "not checked offline: the certificates' revocation status was not asked of "
+            "NVIDIA's OCSP service; --online would ask it",
+        ),
+    }
+    assert verdict.kind == "nvidia"
+    assert [c.name for c in verdict.checks][:3] == [
+        "report_signature",
+        "chain",
+        "chain.root_pinned",
+    ]
+    with pytest.raises(ValueError) as naive:
+        verify_nvidia(evidence, chain, now=NOW.replace(tzinfo=None))
+    assert str(naive.value) == "now: a time without a time zone"
+    online = _details(verify_nvidia(evidence, chain, now=NOW, trusted_root=root, online=True))
+    why = "online verification is not available in this build: no network"
+    assert [online[n] for n in ("rim.driver", "rim.vbios", "ocsp")] == [(None, why)] * 3
+    unpinned = _details(verify_nvidia(evidence, chain, now=NOW))["chain.root_pinned"]
+    assert unpinned == (
+        False,
+        f"the root Test Device Identity CA (SPKI SHA-256 {spki}) is not the pinned NVIDIA "
+        f"Device Identity CA ({NVIDIA_DEVICE_ROOT_SPKI_SHA256})",
+    )
+    nothing = _details(verify_nvidia(evidence, b"", now=NOW))
+    assert nothing["chain"][0] is False
+    assert nothing["chain"][1].startswith("the certificates do not parse: ")
+    assert [nothing[n] for n in ("chain.root_pinned", "chain.leaf", "chain.validity")] == [
+        (False, "no certificates"),
+        (False, "no certificates"),
+        (None, "no certificates"),
+    ]
+
+
+def test_parse_errors_name_the_block_and_the_opaque_entry(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    _, _, key = device
+    with pytest.raises(ValueError) as info:
+        parse_nvidia_evidence(_evidence(key, spec=2))
+    assert str(info.value) == (
+        "measurement block 1 of 2: measurement specification 0x02 is not DMTF (0x01)"
+    )
+    for opaque, message in [
+        (
+            b"\x01",
+            "opaque data: the type of the entry at offset 0: needs 2 bytes at offset 0, "
+            "only 1 remain",
+        ),
+        (
+            _tlv(3, b"1\x00") + b"\x63\x00\x05",
+            "opaque data: the size of TYPE_99 at offset 6: needs 2 bytes at offset 8, "
+            "only 1 remain",
+        ),
+    ]:
+        with pytest.raises(ValueError) as info:
+            parse_nvidia_evidence(_evidence(key, opaque=opaque))
+        assert str(info.value) == message
+    unknown = parse_nvidia_evidence(_evidence(key, opaque=_tlv(99, b"\x01")))
+    assert [(f.type, f.name) for f in unknown.response.opaque] == [(99, "TYPE_99")]
+
+
+def test_text_facts_that_are_not_printable_are_shown_as_hex(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    opaque = _tlv(3, b"5\x07\x00") + _tlv(17, b"1010\x00tail\x00")
+    verdict = verify_nvidia(_evidence(key, opaque=opaque), chain, now=NOW, trusted_root=root)
+    assert verdict.facts["driver_version"] == "350700"
+    assert verdict.facts["project"] == "1010"
+    assert format_vbios_version(b"\xab\xcd") == "ABCD"
+
+
+def test_every_truncation_of_the_response_names_the_field_it_cuts(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    """The response's layout, written out here, against the parser's words at every cut."""
+    _, _, key = device
+    evidence = _evidence(key, opaque=_tlv(3, b"1\x00"))
+    record = 2 * (4 + 3 + 48)
+    fields = [  # (field, size) in order, from offset 37
+        ("response.version", 1),
+        ("response.code", 1),
+        ("response.param1", 1),
+        ("response.param2", 1),
+        ("response.number_of_blocks", 1),
+        ("response.measurement_record_length", 3),
+        ("record", record),
+        ("response.nonce", 32),
+        ("response.opaque_length", 2),
+        ("response.opaque_data", 6),
+        ("response.signature", 96),
+    ]
+    assert 37 + sum(size for _, size in fields) == len(evidence)
+    start = 37
+    for field, size in fields:
+        for cut in range(start, start + size):
+            if cut == 37:
+                continue  # nothing after the request: its own words, tested elsewhere
+            with pytest.raises(ValueError) as info:
+                parse_nvidia_evidence(evidence[:cut])
+            if field == "record":
+                expected = (
+                    f"response.measurement_record_length: {record} bytes, but only "
+                    f"{cut - start} remain in the evidence"
+                )
+            else:
+                expected = (
+                    f"{field}: needs {size} bytes at offset {start}, only {cut - start} remain"
+                )
+            assert str(info.value) == expected, cut
+        start += size
+    with pytest.raises(ValueError) as info:
+        parse_nvidia_evidence(evidence[:37])
+    assert str(info.value) == (
+        "response: the evidence ends after the request; no MEASUREMENTS response"
+    )
+
+
+def test_inconsistent_lengths_and_versions_are_named(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    evidence = _evidence(key)
+
+    def refused(data: bytes) -> str:
+        with pytest.raises(ValueError) as info:
+            parse_nvidia_evidence(data)
+        return str(info.value)
+
+    def edited(at: int, value: int) -> bytes:
+        return evidence[:at] + bytes([value]) + evidence[at + 1 :]
+
+    assert refused(edited(37, 0x12)) == "response.version: 0x12 differs from the request's 0x11"
+    assert refused(edited(41, 1)) == (
+        "response.measurement_record_length: the 1 blocks leave 55 bytes of the measurement "
+        "record unused"
+    )
+    assert refused(edited(50, 47)) == (  # block 1's DMTF value size: 47 of its 48 bytes
+        "measurement block 1 of 2 (index 1): measurement size 51 but its DMTF value is 47 "
+        "bytes (expected size 50)"
+    )
+    padded = _evidence(key, trailing=b"\x00\x07")
+    assert refused(padded) == (
+        f"trailing bytes: 2 bytes follow the signature (at offset {len(evidence)}) and are not "
+        f"zero padding (a non-zero byte at offset {len(evidence) + 1})"
+    )
+    bare = verify_nvidia(_evidence(key, opaque=_tlv(20, FWID)), chain, now=NOW, trusted_root=root)
+    assert "(driver ?); --online" in _details(bare)["rim.driver"][1]
+    assert "(VBIOS ?); --online" in _details(bare)["rim.vbios"][1]

@@ -440,3 +440,104 @@ def test_in_a_browser_a_planted_divergence_is_highlighted_with_its_first_differi
         page.locator("#replay").screenshot(path=str(screenshots / "divergence-banner.png"))
         differing.screenshot(path=str(screenshots / "divergence-step.png"))
         page.close()
+
+
+# -- the proof code, on its own: where an entry sits and whether its inclusion proof holds -------
+
+
+def _proof_stream(tmp_path: Path) -> tuple[list[bytes], list[bytes], str]:
+    """A real stream of 3 entries, a checkpoint signed after each: lines, notes, log key."""
+    import sqlite3
+
+    from record.digest import Domain, digest
+    from record.log import Log
+    from record.schema import TurnStarted
+    from tests.record.raw_store import stored_lines
+
+    store = tmp_path / "proof.db"
+    with Log.open(store) as log:
+        log.open_stream("proofs", [KeyPair.generate().recipient])
+        for turn in (0, 1):
+            data = b"turn %d" % turn
+            log.append(
+                "proofs",
+                TurnStarted(turn=turn, input_bytes=data, input_digest=digest(Domain.INPUT, data)),
+            )
+        log_key = log.log_key()
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        notes = [bytes(n) for (n,) in conn.execute("SELECT note FROM checkpoints ORDER BY id")]
+    finally:
+        conn.close()
+    return stored_lines(store, "proofs"), notes, log_key
+
+
+def test_check_inclusion_verifies_a_proof_against_the_signed_root() -> None:
+    from harness.panel.source import Position, check_inclusion
+    from record import merkle
+    from record.checkpoint import Checkpoint
+
+    lines = [b"entry %d" % i for i in range(5)]
+    leaves = [merkle.hash_leaf(line) for line in lines]
+    cp = Checkpoint("o", 5, merkle.root(leaves))
+    proof = merkle.inclusion_proof(2, leaves)
+    pos = check_inclusion(Position("s", 2, 2, "?"), lines[2], proof, cp, "signed by k")
+    assert pos.verified
+    assert pos.detail == (
+        "included in the checkpoint of 5 entries signed by k: 3 hashes lead from the leaf to its root"
+    )
+    assert (pos.leaf_hash, pos.checkpoint_size, pos.root) == (
+        leaves[2].hex(),
+        5,
+        cp.root_hash.hex(),
+    )
+    assert pos.proof == [h.hex() for h in proof]
+    wrong = check_inclusion(Position("s", 2, 2, "?"), b"changed", proof, cp, "signed by k")
+    assert wrong.verified is False
+    assert wrong.leaf_hash == merkle.hash_leaf(b"changed").hex()
+    assert wrong.detail.startswith(
+        "the proof does not verify against the signed root: calculated root "
+    )
+    assert wrong.detail.endswith(f"does not match expected root {cp.root_hash.hex()}")
+    was_verified = Position("s", 2, 2, "?", verified=True)
+    assert not check_inclusion(was_verified, b"changed", proof, cp, "signed by k").verified
+
+
+def test_position_proves_inclusion_in_the_latest_checkpoint_it_reaches(tmp_path: Path) -> None:
+    from harness.panel.source import StreamRecord
+    from record import merkle
+    from record.audit import Row
+
+    lines, notes, log_key = _proof_stream(tmp_path)
+    rows = [Row(line, seq, merkle.hash_leaf(line), "proof.db") for seq, line in enumerate(lines)]
+    record = StreamRecord("proofs", rows, notes, log_key)
+    pos = record.position(1)
+    assert (pos.stream, pos.seq, pos.index, pos.leaf_hash) == (
+        "proofs",
+        1,
+        1,
+        merkle.hash_leaf(lines[1]).hex(),
+    )
+    assert pos.verified and pos.checkpoint_size == 3
+    assert pos.root == merkle.root([merkle.hash_leaf(x) for x in lines]).hex()
+    assert pos.detail.startswith("included in the checkpoint of 3 entries signed by ")
+    # a checkpoint beyond the stored entries is not reached: the one of 2 is
+    short = StreamRecord("proofs", rows[:2], notes, log_key).position(1)
+    assert short.verified and short.checkpoint_size == 2
+    # an entry after the latest checkpoint
+    early = StreamRecord("proofs", rows, notes[:1], log_key).position(1)  # the first one after
+    assert not early.verified and early.checkpoint_size == 1
+    assert early.leaf_hash == merkle.hash_leaf(lines[1]).hex()
+    assert early.detail == "not yet covered: the latest checkpoint covers 1 entries (seq 0 to 0)"
+    # no checkpoint at all
+    none = StreamRecord("proofs", rows, [], log_key).position(0)
+    assert not none.verified and none.checkpoint_size is None
+    assert none.leaf_hash == merkle.hash_leaf(lines[0]).hex()
+    assert none.detail == "no checkpoint signed by the log key covers this stream yet"
+    # a changed entry fails against the latest checkpoint, never an older one it still matches
+    changed = list(rows)
+    at = len(b'{"body":"')  # the first base64 digit of the sealed body
+    flipped = lines[2][:at] + (b"B" if lines[2][at : at + 1] != b"B" else b"C") + lines[2][at + 1 :]
+    changed[2] = Row(flipped, 2, None, "proof.db")
+    failed = StreamRecord("proofs", changed, notes, log_key).position(2)
+    assert not failed.verified and failed.checkpoint_size == 3

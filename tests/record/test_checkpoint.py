@@ -406,29 +406,78 @@ _LINE = f"{EM} example.org/k {_SIG}\n"
 @pytest.mark.parametrize(
     ("data", "line", "words"),
     [
-        (b"", None, "empty"),
-        (f"hello\n{_LINE}".encode(), None, "no blank line"),
-        (b"hello\n\n", 3, "no signature lines"),
-        (f"hello\n\n{EM} example.org/k !!!!\n".encode(), 3, "base64"),
-        (f"hello\n\n{EM} example.org/k AAAA=\n".encode(), 3, "base64"),
+        (b"", None, "note is empty"),
+        (
+            f"hello\n{_LINE}".encode(),
+            None,
+            "no blank line separating the text from the signatures",
+        ),
+        (b"hello\n\n", 3, "no signature lines after the blank line"),
+        (
+            f"hello\n\n{EM} example.org/k !!!!\n".encode(),
+            3,
+            "signature of 'example.org/k' is not standard base64: ",
+        ),
+        (
+            f"hello\n\n{EM} example.org/k AAAA=\n".encode(),
+            3,
+            "signature of 'example.org/k' is not the canonical standard base64 encoding",
+        ),
         (f"hello\n\n{_LINE[:-1]}".encode(), 3, "missing final newline"),
-        (f"hello\n\n{_LINE * (MAX_SIGNATURES + 1)}".encode(), 103, "at most 100"),
-        (b"hello \xff\n\n" + _LINE.encode(), 1, "UTF-8"),
-        (f"a\nb\tc\n\n{_LINE}".encode(), 2, "control character"),
-        (f"hello\n\n- example.org/k {_SIG}\n".encode(), 3, "em dash"),
-        (f"hello\n\n\u2013 example.org/k {_SIG}\n".encode(), 3, "em dash"),
-        (f"hello\n\n{EM} example.org+k {_SIG}\n".encode(), 3, "'+'"),
-        (f"hello\n\n{EM} example.org/k\u00a0x {_SIG}\n".encode(), 3, "space"),
-        (f"hello\n\n{EM} example.org/k\n".encode(), 3, "no signature"),
-        (f"hello\n\n{EM} example.org/k {_SIG} extra\n".encode(), 3, "base64"),
-        (f"hello\n\n{EM} example.org/k AQIDBA==\n".encode(), 3, "at least 5"),
+        (
+            f"hello\n\n{_LINE * (MAX_SIGNATURES + 1)}".encode(),
+            103,
+            "101 signature lines; at most 100 are accepted",
+        ),
+        (b"hello \xff\n\n" + _LINE.encode(), 1, "not valid UTF-8 at byte 6"),
+        (b"\nb\xff\n\n" + _LINE.encode(), 2, "not valid UTF-8 at byte 2"),
+        (f"\nb\tc\n\n{_LINE}".encode(), 2, "control character '\\t' is not allowed"),
+        (f"a\nb\tc\n\n{_LINE}".encode(), 2, "control character '\\t' is not allowed"),
+        (
+            f"hello\n\n- example.org/k {_SIG}\n".encode(),
+            3,
+            "signature line does not start with an em dash and a space",
+        ),
+        (
+            f"hello\n\n\u2013 example.org/k {_SIG}\n".encode(),
+            3,
+            "signature line does not start with an em dash and a space",
+        ),
+        (
+            f"hello\n\n{EM} example.org+k {_SIG}\n".encode(),
+            3,
+            "key name 'example.org+k' contains '+'",
+        ),
+        (
+            f"hello\n\n{EM} example.org/k\u00a0x {_SIG}\n".encode(),
+            3,
+            "key name 'example.org/k\\xa0x' contains a space character",
+        ),
+        (
+            f"hello\n\n{EM} example.org/k\n".encode(),
+            3,
+            "signature line for 'example.org/k' has no signature",
+        ),
+        (
+            f"hello\n\n{EM} example.org/k {_SIG} extra\n".encode(),
+            3,
+            "signature of 'example.org/k' is not standard base64: ",
+        ),
+        (
+            f"hello\n\n{EM} example.org/k AQIDBA==\n".encode(),
+            3,
+            "signature of 'example.org/k' is 4 bytes; at least 5",
+        ),
         (f"hello\n\n{_LINE}{EM}  {_SIG}\n".encode(), 4, "key name is empty"),
     ],
 )
 def test_malformed_notes(data: bytes, line: int | None, words: str) -> None:
     with pytest.raises(MalformedNote) as info:
         parse_note(data)
-    assert words in str(info.value)
+    if words.endswith(": "):  # binascii's own words follow
+        assert info.value.reason.startswith(words)
+    else:
+        assert info.value.reason == words
     assert info.value.line == line
     if line is not None:
         assert str(info.value).startswith(f"line {line}: ")
@@ -448,23 +497,36 @@ _ROOT64 = base64.b64encode(bytes(32)).decode()
 @pytest.mark.parametrize(
     ("text", "line", "words"),
     [
-        (f"o\n1\n{_ROOT64}", 3, "newline"),
-        ("o\n1\n", None, "origin, tree size and root hash"),
+        (f"o\n1\n{_ROOT64}", 3, "checkpoint text does not end in a newline"),
+        (
+            "o\n1\n",
+            None,
+            "checkpoint has 2 line(s); origin, tree size and root hash are required",
+        ),
         (f"\n1\n{_ROOT64}\n", 1, "origin is empty"),
-        (f"o\n01\n{_ROOT64}\n", 2, "leading zero"),
-        (f"o\n-1\n{_ROOT64}\n", 2, "decimal"),
-        (f"o\n+1\n{_ROOT64}\n", 2, "decimal"),
-        (f"o\n\u0661\n{_ROOT64}\n", 2, "decimal"),  # ARABIC-INDIC DIGIT ONE: not ASCII
-        (f"o\n{2**64}\n{_ROOT64}\n", 2, "64 bits"),
-        (f"o\n1\n{base64.b64encode(bytes(31)).decode()}\n", 3, "31 bytes"),
-        ("o\n1\nAB==\n", 3, "base64"),
+        (f"o\n01\n{_ROOT64}\n", 2, "tree size '01' has a leading zero"),
+        (f"o\n-1\n{_ROOT64}\n", 2, "tree size '-1' is not an ASCII decimal number"),
+        (f"o\n+1\n{_ROOT64}\n", 2, "tree size '+1' is not an ASCII decimal number"),
+        (f"o\nX\n{_ROOT64}\n", 2, "tree size 'X' is not an ASCII decimal number"),
+        (
+            f"o\n\u0661\n{_ROOT64}\n",
+            2,
+            "tree size '\u0661' is not an ASCII decimal number",
+        ),  # ARABIC-INDIC DIGIT ONE: not ASCII
+        (f"o\n{2**64}\n{_ROOT64}\n", 2, f"tree size {2**64} does not fit in 64 bits"),
+        (
+            f"o\n1\n{base64.b64encode(bytes(31)).decode()}\n",
+            3,
+            "root hash is 31 bytes; expected 32",
+        ),
+        ("o\n1\nAB==\n", 3, "root hash is not the canonical standard base64 encoding"),
         (f"o\n1\n{_ROOT64}\next\n\n", 5, "extension line is empty"),
     ],
 )
 def test_malformed_checkpoints(text: str, line: int | None, words: str) -> None:
     with pytest.raises(MalformedNote) as info:
         parse_checkpoint(text)
-    assert words in str(info.value)
+    assert info.value.reason == words
     assert info.value.line == line
 
 
@@ -506,3 +568,295 @@ def test_bad_signing_inputs() -> None:
         open_note(signer.sign_note("x\n"), [signer.verifier(), signer.verifier()])
     assert issubclass(MalformedNote, CheckpointError)
     assert issubclass(SignatureInvalid, CheckpointError)
+
+
+# --------------------------------------------------------------------------------------------
+# Exact refusals: each error names what was wrong, in words a reader can act on
+# --------------------------------------------------------------------------------------------
+
+
+def test_errors_keep_their_reason_and_line() -> None:
+    with pytest.raises(MalformedNote) as malformed:
+        parse_note(b"")
+    assert str(malformed.value) == "note is empty"
+    assert (malformed.value.reason, malformed.value.line) == ("note is empty", None)
+    with pytest.raises(MalformedNote) as lined:
+        parse_note(b"hello\n\n")
+    assert lined.value.reason == "no signature lines after the blank line"
+    assert str(lined.value) == "line 3: no signature lines after the blank line"
+    signer = Signer.generate("example.org/log")
+    with pytest.raises(SignatureInvalid) as invalid:
+        open_note(signer.sign_note("x\n"), [Signer.generate("example.org/other").verifier()])
+    assert invalid.value.reason == str(invalid.value)
+    assert invalid.value.reason.startswith("no signature from a trusted key")
+
+
+def test_parse_checkpoint_refuses_control_characters_by_line() -> None:
+    with pytest.raises(MalformedNote) as info:
+        parse_checkpoint(f"o\n1\t\n{_ROOT64}\n")
+    assert str(info.value) == "line 2: control character '\\t' is not allowed"
+    assert info.value.line == 2
+
+
+def test_cosignature_timestamps_span_zero_to_2_63_minus_1() -> None:
+    text = Checkpoint("example.org/log", 1, _root(b"x")).body()
+    witness = CosignatureSigner.generate("example.org/w")
+    signer = Signer.generate("example.org/log")
+    for timestamp in (0, 2**63 - 1):
+        assert cosignature_message(text, timestamp).startswith(
+            f"cosignature/v1\ntime {timestamp}\n".encode()
+        )
+        note = Note(text, (signer.sign(text), witness.cosign(text, timestamp))).encode()
+        opened = open_note(note, [signer.verifier(), witness.verifier()])
+        assert [c.timestamp for c in opened.cosignatures] == [timestamp]
+    for timestamp in (-1, 2**63):
+        with pytest.raises(ValueError, match=f"timestamp {timestamp} is outside 0..2"):
+            cosignature_message(text, timestamp)
+
+
+def test_key_pair_repr_names_the_key_never_the_seed() -> None:
+    signer = Signer.generate("example.org/log")
+    assert repr(signer) == f"Signer(name='example.org/log', key_id='{signer.key_id.hex()}')"
+    assert signer.skey().rsplit("+", 1)[1] not in repr(signer)
+
+
+@pytest.mark.parametrize(
+    ("skey", "message"),
+    [
+        ("example.org/log+01020304+AQ==", "signer key must start with PRIVATE+KEY+"),
+        (
+            "PRIVATE+KEY+example.org/log+01020304",
+            "signer key must be PRIVATE+KEY+<name>+<hex key ID>+<base64 key>",
+        ),
+        (
+            "PRIVATE+KEY+example.org/log+01020304+AB==",
+            "signer key 'example.org/log': key is not the canonical standard base64 encoding",
+        ),
+    ],
+)
+def test_bad_signer_keys(skey: str, message: str) -> None:
+    with pytest.raises(InvalidKey) as info:
+        Signer.from_skey(skey)
+    assert str(info.value) == message
+
+
+def test_signer_key_with_a_wrong_key_id() -> None:
+    good = Signer.generate("example.org/log").skey()
+    name, kid, key = good.removeprefix("PRIVATE+KEY+").split("+", 2)
+    wrong = f"{int(kid, 16) ^ 1:08x}"
+    with pytest.raises(InvalidKey) as info:
+        Signer.from_skey(f"PRIVATE+KEY+{name}+{wrong}+{key}")
+    assert str(info.value) == f"signer key 'example.org/log': key ID {wrong} does not match the key"
+
+
+def test_key_file_with_a_utf8_key_name_round_trips(tmp_path: Path) -> None:
+    """signed-note key names are UTF-8: such a key is stored and read back, not refused."""
+    path = tmp_path / "log.key"
+    created = Signer.load_or_create(path, "bücher.example/log")
+    assert path.read_bytes() == (created.skey() + "\n").encode("utf-8")
+    assert Signer.load_or_create(path, "bücher.example/log").vkey() == created.vkey()
+
+
+def test_key_file_that_appears_while_creating_is_the_one_used(tmp_path: Path) -> None:
+    """Another process may create the file between the check and the link: load theirs.
+
+    A dangling symlink at the key path looks absent to the check, and makes the link fail
+    as a file created meanwhile would. Pointed at our own temporary file, it loads back.
+    """
+    path = tmp_path / "log.key"
+    path.symlink_to(f".{path.name}.{os.getpid()}.tmp")
+    loaded = Signer.load_or_create(path, "example.org/log")
+    assert loaded.name == "example.org/log"
+    gone = tmp_path / "gone.key"
+    gone.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(KeyFileError) as info:
+        Signer.load_or_create(gone, "example.org/log")
+    assert str(info.value).startswith(f"cannot open signing key file {gone}: [Errno 2]")
+
+
+def test_key_file_refusals_name_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "folder.key"
+    folder.mkdir()
+    with pytest.raises(KeyFileError) as info:
+        Signer.load_or_create(folder, "example.org/log")
+    assert str(info.value) == f"signing key file {folder} is not a regular file"
+
+    shared = tmp_path / "shared.key"
+    shared.write_text(Signer.generate("example.org/log").skey() + "\n", encoding="ascii")
+    os.chmod(shared, 0o640)
+    with pytest.raises(KeyFileError) as info:
+        Signer.load_or_create(shared, "example.org/log")
+    assert str(info.value) == (
+        f"signing key file {shared} has mode 0o640; group and others must have "
+        "no access (chmod 600)"
+    )
+
+    binary = tmp_path / "binary.key"
+    fd = os.open(binary, os.O_CREAT | os.O_WRONLY, 0o600)
+    os.write(fd, b"PRIVATE+KEY+\xff\n")
+    os.close(fd)
+    with pytest.raises(KeyFileError) as info:
+        Signer.load_or_create(binary, "example.org/log")
+    assert str(info.value).startswith(f"cannot read signing key file {binary}: 'utf-8' codec")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "note text is empty"),
+        ("no final newline", "note text does not end in a newline"),
+        ("fine\ntab\there\n", "line 2 contains control character '\\t'"),
+    ],
+)
+def test_note_text_refusals(text: str, message: str) -> None:
+    """Signing and encoding refuse text that is not a note's, and say why."""
+    signer = Signer.generate("example.org/log")
+    with pytest.raises(ValueError) as signing:
+        signer.sign(text)
+    assert str(signing.value) == message
+    placeholder = NoteSignature("example.org/log", signer.key_id, bytes(64))
+    with pytest.raises(ValueError) as encoding:
+        Note(text, (placeholder,)).encode()
+    assert str(encoding.value) == message
+
+
+def test_note_encode_counts_signatures() -> None:
+    sig = NoteSignature("example.org/log", b"\x01\x02\x03\x04", bytes(64))
+    with pytest.raises(ValueError) as none:
+        Note("x\n", ()).encode()
+    assert str(none.value) == "a note needs at least one signature"
+    assert len(parse_note(Note("x\n", (sig,) * MAX_SIGNATURES).encode()).signatures) == 100
+    with pytest.raises(ValueError) as many:
+        Note("x\n", (sig,) * (MAX_SIGNATURES + 1)).encode()
+    assert str(many.value) == "a note holds at most 100 signatures"
+
+
+def test_short_signature_from_a_trusted_key_is_named() -> None:
+    signer = Signer.generate("example.org/log")
+    short = NoteSignature("example.org/log", signer.key_id, bytes(4))
+    with pytest.raises(SignatureInvalid) as info:
+        open_note(Note("x\n", (short,)).encode(), [signer.verifier()])
+    assert str(info.value) == (
+        f"signature from example.org/log ({signer.key_id.hex()}) is 4 bytes; Ed25519 uses 64"
+    )
+    assert info.value.key_name == "example.org/log"
+
+
+def test_key_name_refusal_is_named() -> None:
+    with pytest.raises(InvalidKey) as info:
+        Signer.generate("has space")
+    assert str(info.value) == "key name 'has space' contains a space character"
+
+
+def test_checkpoint_fields_are_checked_when_built() -> None:
+    root_hash = _root(b"x")
+    cp = Checkpoint("o", 1, root_hash, ["ext"])  # type: ignore[arg-type]
+    assert cp.extensions == ("ext",)
+    assert cp.body() == f"o\n1\n{base64.b64encode(root_hash).decode()}\next\n"
+    for size in (-1, 2**64, True):
+        with pytest.raises(ValueError) as info:
+            Checkpoint("o", size, root_hash)
+        assert str(info.value) == f"tree size {size!r} is not a uint64"
+    assert Checkpoint("o", 2**64 - 1, root_hash).size == 2**64 - 1
+    for ext in ("", "two\nlines", "tab\there"):
+        with pytest.raises(ValueError) as info:
+            Checkpoint("o", 1, root_hash, (ext,))
+        assert str(info.value) == f"extension line {ext!r} must be one non-empty line"
+
+
+def test_note_signature_fields_are_checked() -> None:
+    kid = b"\x01\x02\x03\x04"
+    for args, message in [
+        (("has space", kid, b"s"), "key name 'has space' contains a space character"),
+        (("example.org/k", kid[:3], b"s"), "key ID must be 4 bytes, got 3"),
+        (("example.org/k", kid, b""), "signature is empty"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            NoteSignature(*args)
+        assert str(info.value) == message
+
+
+def test_signature_line_lengths() -> None:
+    """Four bytes of key ID and a one-byte signature is the shortest line; a bare name is none."""
+    one = base64.b64encode(b"\x01\x02\x03\x04\x05").decode()
+    note = parse_note(f"hello\n\n{EM} example.org/k {one}\n".encode())
+    assert note.signatures[0].signature == b"\x05"
+    with pytest.raises(MalformedNote) as info:
+        parse_note(f"hello\n\n{EM} example.org/k \n".encode())
+    assert info.value.reason == "signature line for 'example.org/k' has no signature"
+
+
+def test_verifier_refusals_are_named() -> None:
+    signer = Signer.generate("example.org/log")
+    public = signer.public_key_bytes()
+    with pytest.raises(InvalidKey) as info:
+        Verifier("has space", signer.key_id, public, "ed25519")
+    assert str(info.value) == "key name 'has space' contains a space character"
+    with pytest.raises(InvalidKey) as info:
+        Verifier("example.org/log", signer.key_id, public[:31], "ed25519")
+    assert str(info.value) == "example.org/log: an Ed25519 public key is 32 bytes"
+    _, kid, key = signer.vkey().split("+", 2)
+    for vkey, message in [
+        ("example.com/foo", "vkey must be <name>+<hex key ID>+<base64 key>"),
+        (f"has space+{kid}+{key}", "key name 'has space' contains a space character"),
+        (
+            f"example.org/log+{kid}+AB==",
+            "vkey 'example.org/log': key is not the canonical standard base64 encoding",
+        ),
+    ]:
+        with pytest.raises(InvalidKey) as info:
+            Verifier.from_vkey(vkey)
+        assert str(info.value) == message
+
+
+def test_cosignature_refusals_name_the_witness() -> None:
+    text = Checkpoint("example.org/log", 1, _root(b"x")).body()
+    signer = Signer.generate("example.org/log")
+    witness = CosignatureSigner.generate("example.org/w")
+    label = f"example.org/w ({witness.key_id.hex()})"
+    good = witness.cosign(text, 10)
+    for signature, message in [
+        (good.signature[:71], f"cosignature from {label} is 71 bytes; expected 72"),
+        (
+            struct.pack(">Q", 2**63) + good.signature[8:],
+            f"cosignature from {label} has timestamp {2**63} > 2^63-1",
+        ),
+    ]:
+        bad = NoteSignature("example.org/w", witness.key_id, signature)
+        note = Note(text, (signer.sign(text), bad)).encode()
+        with pytest.raises(SignatureInvalid) as info:
+            open_note(note, [signer.verifier(), witness.verifier()])
+        assert (str(info.value), info.value.key_name) == (message, "example.org/w")
+    note = Note(text, (signer.sign(text), good)).encode()
+    with pytest.raises(SignatureInvalid) as info:
+        open_note(note, [signer.verifier(), witness.verifier()], now=9)
+    assert str(info.value) == "cosignature from example.org/w is dated 10, after 9"
+    assert info.value.key_name == "example.org/w"
+
+
+def test_untrusted_note_names_every_signer() -> None:
+    one, two = Signer.generate("example.org/one"), Signer.generate("example.org/two")
+    note = Note("x\n", (one.sign("x\n"), two.sign("x\n"))).encode()
+    with pytest.raises(SignatureInvalid) as info:
+        open_note(note, [Signer.generate("example.org/three").verifier()])
+    assert str(info.value) == (
+        "no signature from a trusted key; note is signed by "
+        f"example.org/one ({one.key_id.hex()}), example.org/two ({two.key_id.hex()})"
+    )
+
+
+def test_note_whose_text_is_one_empty_line() -> None:
+    """The last blank line may start the note: the text is then one newline."""
+    note = parse_note(f"\n\n{_LINE}".encode())
+    assert note.text == "\n"
+    assert [s.key_name for s in note.signatures] == ["example.org/k"]
+
+
+def test_key_ids_are_hexadecimal_in_either_case() -> None:
+    signer = Signer.generate("example.org/log")
+    _, kid, key = signer.vkey().split("+", 2)
+    upper = Verifier.from_vkey(f"example.org/log+{kid.upper()}+{key}")
+    assert upper.key_id == signer.key_id
+    with pytest.raises(InvalidKey) as info:
+        Verifier.from_vkey(f"example.org/log+XXXXXXXX+{key}")
+    assert str(info.value) == "key ID 'XXXXXXXX' is not 8 hexadecimal digits"

@@ -26,7 +26,15 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from record.digest import PREFIX, Domain, canonical_json, digest, digest_hex, parse_digest
+from record.digest import (
+    PREFIX,
+    Domain,
+    canonical_json,
+    digest,
+    digest_hex,
+    parse_digest,
+    tool_call_id,
+)
 
 # The module by name: ``record/__init__`` re-exports a function called ``digest``, and under
 # pytest ``record`` may even resolve as a namespace package (``tests/record`` is on sys.path).
@@ -115,6 +123,33 @@ def test_known_answers_from_coreutils() -> None:
 def test_parse_digest_refuses_malformed(text: str) -> None:
     with pytest.raises(ValueError):
         parse_digest(text)
+
+
+def test_parse_digest_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError) as prefix:
+        parse_digest("sha1:abcd")
+    assert str(prefix.value) == "digest 'sha1:abcd' does not start with 'sha256:'"
+    with pytest.raises(ValueError) as length:
+        parse_digest("sha256:abcd")
+    assert str(length.value) == "digest 'sha256:abcd' is 2 bytes, not 32"
+
+
+def test_canonical_json_refuses_what_jcs_refuses() -> None:
+    """A non-string key or an integer past 2**53 - 1 is the library's refusal, on every path."""
+    with pytest.raises(rfc8785.CanonicalizationError, match="object keys must be strings"):
+        canonical_json({1: "x"})
+    with pytest.raises(rfc8785.IntegerDomainError):
+        canonical_json({"a": [2**53]})
+    assert canonical_json([2**53 - 1, -(2**53 - 1)]) == b"[9007199254740991,-9007199254740991]"
+
+
+def test_tool_call_id_is_derived_from_prompt_seed_and_ordinal() -> None:
+    """call_ and the first 24 hex digits of SHA-256(0x06 || JCS [prompt digest, seed, ordinal])."""
+    prompt = "sha256:" + "ab" * 32
+    for seed, ordinal in [(7, 2), (None, 0)]:
+        material = json.dumps([prompt, seed, ordinal], separators=(",", ":")).encode()
+        expected = "call_" + hashlib.sha256(b"\x06" + material).hexdigest()[:24]
+        assert tool_call_id(prompt, seed, ordinal) == expected
 
 
 # -- canonical JSON: RFC 8785 ------------------------------------------------------------------

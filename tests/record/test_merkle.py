@@ -536,6 +536,59 @@ def test_root_mismatch_carries_both_roots() -> None:
     assert issubclass(ProofError, MerkleError)
 
 
+def test_root_mismatch_names_an_empty_root() -> None:
+    """An empty root (a caller's or an equal-size ``root1``) is spelt out, not left blank."""
+    h = HASHES[:3]
+    r3 = root(h)
+    with pytest.raises(RootMismatch) as info:
+        verify_consistency(3, 3, b"", r3, [])
+    assert str(info.value) == f"calculated root (empty) does not match expected root {r3.hex()}"
+    with pytest.raises(RootMismatch) as info:
+        verify_inclusion(0, 3, h[0], inclusion_proof(0, h), b"")
+    assert str(info.value) == f"calculated root {r3.hex()} does not match expected root (empty)"
+
+
+def _proof_of_5_to_6() -> list[bytes]:
+    """Seed, one inner and one border element: the border counts in the wanted length."""
+    proof = consistency_proof(5, HASHES[:6])
+    assert len(proof) == 3
+    return proof
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: CompactRange(-1), "size is negative: -1"),
+        (lambda: CompactRange(1, [b"abc"]), "hashes[0] has 3 bytes, want 32"),
+        (lambda: inclusion_proof(-1, HASHES[:3]), "index is negative: -1"),
+        (lambda: consistency_proof(-1, HASHES[:3]), "old_size is negative: -1"),
+        (lambda: root_from_inclusion_proof(-1, 5, HASHES[0], []), "index is negative: -1"),
+        (lambda: root_from_inclusion_proof(0, -1, HASHES[0], []), "size is negative: -1"),
+        (
+            lambda: root_from_inclusion_proof(4, 5, HASHES[4], []),
+            "wrong proof size 0, want 1 for index 4 in size 5",
+        ),
+        (lambda: root_from_consistency_proof(-1, 5, HASHES[0], []), "size1 is negative: -1"),
+        (lambda: root_from_consistency_proof(1, -1, HASHES[0], []), "size2 is negative: -1"),
+        (
+            lambda: root_from_consistency_proof(5, 6, root(HASHES[:5]), _proof_of_5_to_6()[:2]),
+            "wrong proof size 2, want 3 for 5 -> 6",
+        ),
+        (
+            lambda: root_from_consistency_proof(
+                5, 6, root(HASHES[:5]), [_proof_of_5_to_6()[0], b"", HASHES[0]]
+            ),
+            "proof[1] has 0 bytes, want 32",
+        ),
+    ],
+)
+def test_precondition_messages_name_the_argument(call: Callable[[], object], message: str) -> None:
+    """Each refusal names the argument and the numbers that were wrong, exactly."""
+    with pytest.raises(ProofError) as info:
+        call()
+    assert str(info.value) == message
+
+
 def test_compact_range_validates_state_and_leaves() -> None:
     with pytest.raises(ProofError, match="size 5 needs 2 hashes, got 1"):
         CompactRange(5, [HASHES[0]])

@@ -27,10 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import hpke, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from record.digest import Domain, canonical_json, digest
-from record.errors import CannotOpen
+from record.errors import CannotOpen, StoreMissing
 from record.log import Log
 from record.reader import StreamKeys
 from record.schema import (
@@ -51,7 +54,15 @@ from record.schema import (
     parse_body,
     parse_entry,
 )
-from record.seal import KeyPair, RecipientKey
+from record.seal import (
+    NONCE_SIZE,
+    TAG_SIZE,
+    KeyPair,
+    RecipientKey,
+    open_sealed,
+    seal,
+    seal_buffer,
+)
 from tests.record.raw_store import stored_lines
 
 STREAM = "seal-test"
@@ -460,3 +471,110 @@ def test_keys_new_without_out_is_a_usage_error(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "--out" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The recipe piece by piece: AEAD layout, HPKE info, key text and key files, and each refusal
+
+
+def test_sealed_body_layout_and_its_refusals() -> None:
+    key, ad = os.urandom(32), b"envelope"
+    for sealer in (seal, seal_buffer):
+        sealed = bytes(sealer(key, b"body", ad))
+        assert len(sealed) == NONCE_SIZE + len(b"body") + TAG_SIZE
+        nonce = sealed[:NONCE_SIZE]
+        # the layout is the library's own: nonce || ChaCha20-Poly1305(key, nonce, body, ad)
+        assert ChaCha20Poly1305(key).decrypt(nonce, sealed[NONCE_SIZE:], ad) == b"body"
+        assert open_sealed(key, sealed, ad) == b"body"
+        assert bytes(sealer(key, b"body", ad))[:NONCE_SIZE] != nonce  # a fresh nonce each time
+        empty = bytes(sealer(key, b"", ad))  # the shortest body there is: nonce and tag only
+        assert len(empty) == NONCE_SIZE + TAG_SIZE and open_sealed(key, empty, ad) == b""
+        with pytest.raises(ValueError) as info:
+            sealer(key[:31], b"body", ad)
+        assert str(info.value) == "data key must be 32 bytes, got 31"
+    with pytest.raises(ValueError) as info:
+        open_sealed(key + b"x", empty, ad)
+    assert str(info.value) == "data key must be 32 bytes, got 33"
+    with pytest.raises(CannotOpen) as short:
+        open_sealed(key, empty[:-1], ad)
+    assert str(short.value) == "sealed body is too short"
+    for wrong_key, wrong_ad in [(os.urandom(32), ad), (key, b"another envelope")]:
+        with pytest.raises(CannotOpen) as info_open:
+            open_sealed(wrong_key, empty, wrong_ad)
+        assert str(info_open.value) == "body does not open with this stream key"
+
+
+def test_data_key_is_wrapped_with_hpke_to_stream_and_epoch() -> None:
+    """RFC 9180 base mode, X25519 / HKDF-SHA256 / ChaCha20-Poly1305, info names stream and epoch."""
+    reader = KeyPair.generate()
+    data_key = os.urandom(32)
+    wrapped = reader.recipient.wrap(data_key, "s1", 3)
+    assert len(wrapped) == 32 + 32 + 16
+    suite = hpke.Suite(hpke.KEM.X25519, hpke.KDF.HKDF_SHA256, hpke.AEAD.CHACHA20_POLY1305)
+    info = b"affidavit/data-key/v1\x00s1\x003"
+    assert suite.decrypt(wrapped, reader.private, info=info) == data_key
+    assert reader.unwrap(wrapped, "s1", 3) == data_key
+    for stream, epoch in [("s2", 3), ("s1", 4)]:
+        with pytest.raises(CannotOpen) as info_open:
+            reader.unwrap(wrapped, stream, epoch)
+        assert str(info_open.value) == "data key does not open with this private key"
+    with pytest.raises(CannotOpen) as info_open:
+        KeyPair.generate().unwrap(wrapped, "s1", 3)
+    assert str(info_open.value) == "data key does not open with this private key"
+    with pytest.raises(CannotOpen) as length:
+        reader.unwrap(wrapped[:-1], "s1", 3)
+    assert str(length.value) == "wrapped data key has the wrong length"
+    with pytest.raises(ValueError) as info_key:
+        reader.recipient.wrap(data_key[:16], "s1", 3)
+    assert str(info_key.value) == "data key must be 32 bytes, got 16"
+
+
+def test_recipient_key_text() -> None:
+    reader = KeyPair.generate()
+    text = reader.recipient.text()
+    raw = reader.private.public_key().public_bytes_raw()
+    assert text == base64.b64encode(raw).decode("ascii")
+    assert RecipientKey.from_text(f" {text}\n").text() == text
+    with pytest.raises(ValueError) as info:
+        RecipientKey.from_text("not base64!")
+    assert str(info.value) == "recipient key 'not base64!' is not base64"
+    spaced = f"{text[:10]} {text[10:]}"  # lenient base64 would skip the space and accept it
+    with pytest.raises(ValueError) as info:
+        RecipientKey.from_text(spaced)
+    assert str(info.value) == f"recipient key {spaced!r} is not base64"
+    short = base64.b64encode(raw[:31]).decode("ascii")
+    with pytest.raises(ValueError) as info:
+        RecipientKey.from_text(short)
+    assert str(info.value) == f"recipient key {short!r} is 31 bytes, not 32"
+
+
+def test_private_key_file(tmp_path: Path) -> None:
+    reader = KeyPair.generate()
+    path = tmp_path / "reader.pem"
+    reader.write(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----\n")
+    assert KeyPair.read(path).recipient.text() == reader.recipient.text()
+    with pytest.raises(FileExistsError):
+        KeyPair.generate().write(path)
+    assert KeyPair.read(path).recipient.text() == reader.recipient.text()
+    os.chmod(path, 0o640)
+    with pytest.raises(ValueError) as mode:
+        KeyPair.read(path)
+    assert str(mode.value) == f"key file {path} has mode 0640: others could read it"
+    with pytest.raises(StoreMissing) as missing:
+        KeyPair.read(tmp_path / "absent.pem")
+    assert str(missing.value) == f"key file {tmp_path / 'absent.pem'} does not exist"
+    with pytest.raises(ValueError) as garbage:
+        KeyPair.from_pem(b"not a key")
+    assert str(garbage.value).startswith("key: not a PEM private key (")
+    ed25519 = Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    other = tmp_path / "ed25519.pem"
+    fd = os.open(other, os.O_CREAT | os.O_WRONLY, 0o600)
+    os.write(fd, ed25519)
+    os.close(fd)
+    with pytest.raises(ValueError) as kind:
+        KeyPair.read(other)
+    assert str(kind.value) == f"{other}: not an X25519 private key"
