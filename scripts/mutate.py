@@ -101,7 +101,11 @@ TARGETS: dict[str, Target] = {
     ),
     "egress_proxy/replay.py": Target(
         ("egress_proxy/replay.py",),
-        (T + "egress_proxy/test_replay.py", T + "record/test_readonly.py"),
+        (
+            T + "egress_proxy/test_reconstruction_unit.py",
+            T + "egress_proxy/test_replay.py",
+            T + "record/test_readonly.py",
+        ),
     ),
     "egress_proxy/replay_plan.py": Target(  # the plan as a unit first, then end to end
         ("egress_proxy/replay_plan.py",),

@@ -1,0 +1,152 @@
+"""Reconstruct's tools as a unit (``egress_proxy.replay.Reconstruction``): a recorded tool
+result and a recorded fetch are served by their exact arguments or request bytes, once each,
+and anything else is a miss; a fetch is answered as the proxy answered it live.
+
+``test_replay.py`` drives model calls through the whole pipeline; the harness's reconstruct
+tests drive these methods on the engine. These pin each branch without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from egress_proxy.errors import EgressRefused, ReplayMiss
+from egress_proxy.fetch import answer_json, parse_fetch
+from egress_proxy.replay import reconstruct_pipeline
+from egress_proxy.tool_config import FetchConfig
+from record.digest import Domain, digest
+from record.schema import (
+    FetchRequest,
+    FetchResponse,
+    Strict,
+    ToolCall,
+    ToolResult,
+)
+from record.seal import KeyPair
+from tests.egress_proxy.test_replay_plan_unit import _reply, _request
+
+ARGS = b'{"word":"x"}'
+PAGE = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def _fetch_body(url: str) -> bytes:
+    return json.dumps({"method": "GET", "url": url}).encode()
+
+
+def _fetched(url: str, answer: FetchResponse, at: int) -> list[tuple[int, Strict]]:
+    sent = parse_fetch(_fetch_body(url), FetchConfig().user_agent).request_bytes()
+    request = FetchRequest(
+        method="GET",
+        url=url,
+        request_bytes=sent,
+        content_key=digest(Domain.FETCH_REQUEST, sent),
+    )
+    return [(at, request), (at + 1, answer.model_copy(update={"request_seq": at}))]
+
+
+def _bodies() -> list[tuple[int, Strict]]:
+    refused = EgressRefused("10.0.0.1 is private").body()
+    return [
+        (1, _request("one")),
+        (2, _reply(1)),
+        (
+            3,
+            ToolCall(
+                reply_seq=2,
+                call_id="c1",
+                server="S",
+                tool="t",
+                arguments=ARGS,
+                arguments_digest=digest(Domain.TOOL_ARGUMENTS, ARGS),
+                idempotent=False,
+            ),
+        ),
+        (4, ToolResult(call_seq=3, outcome="COMMITTED", result_bytes=b"{}")),
+        *_fetched(
+            "http://a/",
+            FetchResponse(request_seq=0, outcome="COMMITTED", status=200, response_bytes=PAGE),
+            5,
+        ),
+        *_fetched(
+            "http://10.0.0.1/",
+            FetchResponse(
+                request_seq=0,
+                outcome="FAILED",
+                error_bytes=refused,
+                error_digest=digest(Domain.ERROR, refused),
+            ),
+            7,
+        ),
+        *_fetched("http://b/", FetchResponse(request_seq=0, outcome="UNKNOWN"), 9),
+    ]
+
+
+def _rebuilt() -> Any:
+    return reconstruct_pipeline("unused.db", "src", KeyPair.generate(), bodies=_bodies())
+
+
+def test_a_recorded_tool_result_is_served_once_by_its_arguments() -> None:
+    rebuilt = _rebuilt()
+    served = rebuilt.tool_result("S", "t", ARGS)
+    assert (served.seq, served.reply_seq, served.reply.outcome) == (3, 4, "COMMITTED")
+    with pytest.raises(ReplayMiss, match="tool call 't' on 'S'"):
+        rebuilt.tool_result("S", "t", ARGS)
+    with pytest.raises(ReplayMiss):
+        _rebuilt().tool_result("S", "t", b'{"word":"y"}')
+
+
+def test_a_recorded_fetch_answers_as_it_did_live() -> None:
+    rebuilt = _rebuilt()
+    assert rebuilt.fetch(_fetch_body("http://a/")) == (200, answer_json(PAGE))
+    status, body = rebuilt.fetch(_fetch_body("http://10.0.0.1/"))
+    assert (status, json.loads(body)["error"]["code"]) == (403, "egress_refused")
+    status, body = rebuilt.fetch(_fetch_body("http://b/"))  # no answer: as the proxy said
+    assert (status, json.loads(body)["error"]["code"]) == (502, "upstream_unavailable")
+    with pytest.raises(ReplayMiss, match="fetch call 'http://a/'"):
+        rebuilt.fetch(_fetch_body("http://a/"))  # served once
+
+
+def test_a_fetch_refused_before_it_was_recorded_is_refused_again() -> None:
+    status, body = _rebuilt().fetch(b'{"method": "GET"}')
+    assert (status, json.loads(body)["error"]["code"]) == (400, "malformed_fetch")
+
+
+def test_a_fetch_with_no_recorded_answer_is_a_miss() -> None:
+    bodies = [pair for pair in _bodies() if pair[0] != 6]  # http://a/'s answer is gone
+    rebuilt = reconstruct_pipeline("unused.db", "src", KeyPair.generate(), bodies=bodies)
+    with pytest.raises(ReplayMiss, match="seq 5 got no response"):
+        rebuilt.fetch(_fetch_body("http://a/"))
+
+
+def test_the_inputs_and_a_call_past_the_plan() -> None:
+    rebuilt = _rebuilt()
+    assert rebuilt.recorded_inputs() == [
+        json.dumps({"messages": [{"role": "user", "content": "one"}]}).encode()
+    ]
+    rebuilt.next_call(rebuilt.recorded_inputs()[0])
+    with pytest.raises(ReplayMiss):
+        rebuilt.next_call(b"{}")
+
+
+def test_a_rebuilt_call_is_annotated_with_its_recorded_reply() -> None:
+    """With the annotation stage, the client sees the note it saw live: the recorded reply's
+    seq, outcome and digest (reconstruct commits nothing of its own)."""
+    bodies = _bodies()
+    data = json.dumps({"model": "m", "messages": [{"role": "user", "content": "one"}]}).encode()
+    keys = {"content_key": digest(Domain.REQUEST, data), "request_bytes": data}
+    request = _request("one").model_copy(
+        update={**keys, "input_bytes": data, "clock": None}  # sent as the client wrote it
+    )
+    bodies[0] = (1, request)
+    rebuilt = reconstruct_pipeline(
+        "unused.db", "src", KeyPair.generate(), bodies=bodies, annotated=True
+    )
+    reply, data = asyncio.run(rebuilt.run(request.input_bytes))
+    note = json.loads(data)["affidavit"]
+    assert (reply.status, note["seq"], note["outcome"]) == (200, 2, "COMMITTED")
+    assert note["response_digest"] == digest(Domain.RESPONSE, b'{"ok":1}')
+    assert note["stream"] == "src" and note["request_seq"] == 1
