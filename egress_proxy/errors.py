@@ -181,10 +181,11 @@ def answered_status(error_body: bytes | None, default: int = 502) -> int:
     what a replayed or reconstructed fetch answers again (a recorded ``status`` is the
     upstream's, when one answered). ``default`` when the body names no code of the proxy's."""
     try:
-        error = json.loads(error_body) if error_body else None
-    except ValueError:
+        body = json.loads(error_body) if error_body else None
+    except (ValueError, RecursionError):
         return default
-    code = error.get("error", {}).get("code") if isinstance(error, dict) else None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
     if not isinstance(code, str):
         return default
     found: list[type[ProxyError]] = [ProxyError]

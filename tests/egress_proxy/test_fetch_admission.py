@@ -229,3 +229,5 @@ def test_a_replayed_failed_fetch_answers_the_status_given_live() -> None:
     served = json.dumps({"error": {"code": "tool_call_served", "message": "x"}}).encode()
     assert [answered_status(b) for b in (too_large, refused, served)] == [502, 403, 409]
     assert answered_status(b"not json") == 502 and answered_status(b'{"error":{}}') == 502
+    assert answered_status(b'{"error":"x"}') == 502 and answered_status(b"[" * 100_000) == 502
+    assert answered_status(b'{"error":{"code":"no_such_code"}}', 409) == 409
