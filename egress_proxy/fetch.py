@@ -254,7 +254,7 @@ class Fetcher:
         if isinstance(admission, FetchAnswer):
             return admission
         tool, admitted = admission
-        request = _request(ask, admitted)
+        request = _request(ask, admitted.reply_seq, admitted.call_id)
         try:
             first = await append(self.log, session, request)
         except BaseException:
@@ -311,13 +311,12 @@ class Fetcher:
         if isinstance(admission, FetchAnswer):
             return admission
         tool, admitted = admission
-        sent = ask.request_bytes()
+        request = _request(ask, admitted.reply_seq, admitted.call_id)
         try:
-            recorded, recorded_seq = plan.fetch_result(ask.url, sent)
+            recorded, recorded_seq = plan.fetch_result(ask.url, request.request_bytes)
         except ReplayMiss as exc:
             await self.calls.release(session, tool, admitted)
             return await self._refused(session, ask, exc)
-        request = _request(ask, admitted)
         try:
             first = await append(self.log, session, request)
         except BaseException:
@@ -354,15 +353,7 @@ class Fetcher:
             reply_seq: int | None = ask.named.reply_seq
         else:
             reply_seq = await self.calls.latest_reply(session)
-        sent = ask.request_bytes()
-        request = FetchRequest(
-            method=ask.method,
-            url=ask.url,
-            request_bytes=sent,
-            content_key=digest(Domain.FETCH_REQUEST, sent),
-            reply_seq=reply_seq,
-        )
-        first = await append(self.log, session, request)
+        first = await append(self.log, session, _request(ask, reply_seq, None))
         return await self._failed(session, first.seq, error)
 
     async def _record(
@@ -397,15 +388,17 @@ class Fetcher:
         return FetchAnswer(error.status, body, request_seq)
 
 
-def _request(ask: FetchAsk, admitted: Admitted) -> FetchRequest:
+def _request(ask: FetchAsk, reply_seq: int | None, call_id: str | None) -> FetchRequest:
+    """The ``fetch.request`` of ``ask``: the call it was admitted as, or (a refusal) the reply
+    it was checked against and no call."""
     sent = ask.request_bytes()
     return FetchRequest(
         method=ask.method,
         url=ask.url,
         request_bytes=sent,
         content_key=digest(Domain.FETCH_REQUEST, sent),
-        reply_seq=admitted.reply_seq,
-        call_id=admitted.call_id,
+        reply_seq=reply_seq,
+        call_id=call_id,
     )
 
 

@@ -231,12 +231,11 @@ class ToolCalls:
     async def admit(self, session: Session, ask: ToolAsk) -> int:
         """Check the rule and claim the call, then append ``tool.call`` and wait until it is
         durable: its seq. The entry names the reply and call the ask was admitted as."""
-        admitted = await asyncio.to_thread(self._decide, session.id, ask, True)
-        assert admitted is not None
+        admitted = await self.claim(session, ask)
         try:
             appended = await self._append(session, self._call(ask, admitted))
         except BaseException:
-            await asyncio.to_thread(self._release, session.id, ask, admitted)
+            await self.release(session, ask, admitted)
             raise
         return appended.seq
 

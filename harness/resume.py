@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import httpx2
 
+from egress_proxy.fetch import recorded_fetch
 from harness.agent import Agent, NeedsDecision, TurnPolicy, TurnResult
 from harness.model_api import model_api
 from harness.reconstruct import turn_setup
@@ -171,17 +172,13 @@ class _ResumeToolbox:
             answered = self.fetched.get(call_id)
             if answered is not None and answered.outcome != "UNKNOWN":
                 self.served += 1  # served once, whatever its outcome: the proxy sends no more
-                from egress_proxy.fetch import recorded_fetch
-
                 return fetch_text(*recorded_fetch(answered))
             url = json.loads(fetch_body(spec, json.loads(arguments), self.search_url))["url"]
             for index, (seen, answer) in enumerate(self.fetches):
                 if seen == url and answer is not None and answer.outcome == "COMMITTED":
                     del self.fetches[index]
                     self.served += 1
-                    from egress_proxy.fetch import answer_json
-
-                    return fetch_text(200, answer_json(answer.response_bytes or b""))
+                    return fetch_text(*recorded_fetch(answer))
             return self._live(spec, arguments, reply_seq, call_id)
         recorded = self.calls.get(call_id)
         if recorded is None:
