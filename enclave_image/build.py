@@ -29,6 +29,7 @@ by the launch measurement. ``inputs.json`` in the output lists what went in.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
@@ -285,15 +286,25 @@ def _install(site: Path, wheels: Sequence[Path], ours: Path) -> None:
     # it so the tree does not vary with where the cache is.
     for direct in site.glob("*.dist-info/direct_url.json"):
         direct.unlink()
-        record = direct.with_name("RECORD")
-        kept = [
-            line
-            for line in record.read_text().splitlines()
-            if not line.startswith(f"{direct.parent.name}/direct_url.json,")
-        ]
-        record.write_text("\n".join(kept) + "\n")
+    for record in site.glob("*.dist-info/RECORD"):
+        _keep_shipped_lines(record)
     for marker in site.glob("*.dist-info/INSTALLER"):
         marker.write_text("affidavit-image\n")
+
+
+def _keep_shipped_lines(record: Path) -> None:
+    """A ``RECORD`` that lists only files the image ships. The console scripts (deleted
+    above, as ``../../bin/...`` lines) carry a shebang naming the interpreter that ran the
+    build, so their hashes differ between two checkouts' venvs; ``direct_url.json`` names
+    the wheel cache's path. Lines are read as CSV (a path may be quoted) and kept verbatim."""
+    dist_info = record.parent.name
+    kept = []
+    for line in record.read_text(encoding="utf-8").splitlines():
+        path = next(csv.reader([line]), [""])[0] if line else ""
+        if path.startswith("../") or path == f"{dist_info}/direct_url.json":
+            continue
+        kept.append(line)
+    record.write_text("\n".join(kept) + "\n", encoding="utf-8")
 
 
 def _compile(root: Path, *trees: Path, prefix: str = "/", say: Say = lambda _: None) -> None:

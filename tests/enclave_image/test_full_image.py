@@ -21,12 +21,16 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from attestation.measure import launch_digest
 from enclave_image.build import BuildResult, boot, build_image, trial_boot_options
 from enclave_image.lock import file_sha256
+from enclave_image.publish import read_image_dir
+from tests.enclave_image.checkouts import second_checkout, second_venv
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = REPO / ".affidavit" / "image-cache"
@@ -98,3 +102,47 @@ def test_the_full_image_boots_twice_keeping_its_keys(image: BuildResult, tmp_pat
     assert state.read_bytes()[:6] == b"LUKS\xba\xbe"
     assert b"affidavit" not in state.read_bytes()[16 << 20 :]
     print(f"app disk sha256 {file_sha256(image.app or image.out_dir / 'app.img')}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_a_second_full_build_from_another_checkout_and_venv_is_byte_identical(
+    image: BuildResult, tmp_path: Path
+) -> None:
+    """The full profile as the reduced one (``test_boot.py``): another checkout at another
+    depth, another venv (so another interpreter path in every console script pip writes),
+    the build started through the CLI module (``python -m harness.cli image build``) against
+    the fixture's in-process call, another working directory, umask, locale, time zone and,
+    with ``faketime``, clock. Every file of the image folder comes out byte-identical, and so
+    does the SNP launch digest."""
+    checkout = second_checkout(tmp_path / "x" / "y" / "z" / "checkout-2")
+    python = second_venv(tmp_path / "venv-elsewhere")
+    out = tmp_path / "out-2"
+    env = {**os.environ, "TZ": "America/St_Johns", "LC_ALL": "C", "LANG": "C",
+           "PYTHONPATH": str(checkout)}  # fmt: skip
+    for name in ("SOURCE_DATE_EPOCH", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    command = [str(python), "-m", "harness.cli", "image", "build", "--profile", "full",
+               "--test-model", "tiny", "--epoch", "0", "--cache", str(CACHE), "--out", str(out)]  # fmt: skip
+    if shutil.which("faketime"):
+        command = ["faketime", "-f", "+3y", *command]
+    else:
+        print("faketime is not installed (make system-deps): the wall clock is not varied")
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, umask=0o077, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    names = sorted(p.name for p in image.out_dir.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == names
+    for name in names:
+        assert file_sha256(image.out_dir / name) == file_sha256(out / name), name
+    ovmf = CACHE / "ovmf" / "OVMF.amdsev.fd"
+    if not ovmf.is_file():
+        print(f"{ovmf} is absent (make ovmf): SNP digests not compared")
+        return
+    digests = {
+        launch_digest(ovmf, mode="snp", vcpus=4, vcpu_type="EPYC-v4",
+                      kernel=i.kernel, initrd=i.initrd, append=i.cmdline)
+        for i in map(read_image_dir, (image.out_dir, out))
+    }  # fmt: skip
+    assert len(digests) == 1, digests
