@@ -26,6 +26,7 @@ manifests (RIMs) and OCSP revocation need NVIDIA's services: they are listed as 
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -120,6 +121,8 @@ _TEXT_FACTS = {
     "CHIP_SKU_MOD": "chip_sku_mod",
 }
 _HEX_TEXT = frozenset(b"0123456789abcdefABCDEF \t\r\n")
+#: The request: version, code, param1, param2 (1 byte each), the nonce (32), the slot id (1).
+_REQUEST_LAYOUT = struct.Struct("<4B32sB")
 
 
 # --------------------------------------------------------------------------- the format
@@ -231,10 +234,8 @@ def _parse_request(data: bytes) -> MeasurementsRequest:
             f"request: the evidence is {len(data)} bytes, shorter than the "
             f"{REQUEST_LENGTH}-byte GET_MEASUREMENTS request"
         )
-    r = _Reader(data, 0, REQUEST_LENGTH)
-    version, code = r.uint(1, "request.version"), r.uint(1, "request.code")
-    param1, param2 = r.uint(1, "request.param1"), r.uint(1, "request.param2")
-    nonce, slot_id = r.take(NONCE_LENGTH, "request.nonce"), r.uint(1, "request.slot_id")
+    # all 37 bytes are there (checked above), so no field can run short: no reader needed
+    version, code, param1, param2, nonce, slot_id = _REQUEST_LAYOUT.unpack_from(data)
     if version not in SPDM_VERSIONS:
         raise ValueError(f"request.version: 0x{version:02x} is not SPDM 1.1 or 1.2 (0x11, 0x12)")
     if code != GET_MEASUREMENTS:
@@ -360,7 +361,7 @@ def format_vbios_version(value: bytes) -> str:
 
 
 def _text(value: bytes) -> str:
-    text = value.split(b"\x00", 1)[0]
+    text = value.partition(b"\x00")[0]
     try:
         decoded = text.decode("ascii")
     except UnicodeDecodeError:
@@ -472,14 +473,16 @@ def _build_chain(
         if _self_signed(current):
             problem = _issued(current, current)
             return path, (f"the root {_name(current)}: {problem}" if problem else None)
-        if len(path) > len(candidates):
-            return path, "the chain loops"
-        named = [c for c in candidates if c.subject == current.issuer and c not in path]
+        # each step adds a certificate not yet in the path, so the walk ends
+        named = [c for c in candidates if c.subject == current.issuer]
         if not named:
             return path, (
                 f"no certificate given issued {_name(current)}: its issuer "
                 f"{current.issuer.rfc4514_string()} is missing"
             )
+        named = [c for c in named if c not in path]
+        if not named:
+            return path, f"the chain loops: {_name(current)}'s issuer is already in it"
         problems = [(c, _issued(current, c)) for c in named]
         issuer = next((c for c, p in problems if p is None), None)
         if issuer is None:

@@ -66,7 +66,7 @@ def read_stream(store_path: Path | str, stream: str, key: KeyPair) -> list[tuple
     """Every body of ``stream`` in seq order, opened with ``key``; the store is opened read-only."""
     store = SQLiteStore(store_path, readonly=True)
     try:
-        entries = [parse_line(stored.line) for stored in store.entries(stream, 0, None)]
+        entries = [parse_line(stored.line) for stored in store.entries(stream)]
     finally:
         store.close()
     keys = StreamKeys.collect(stream, entries, key)
@@ -166,16 +166,16 @@ def keyed(transport: RecordTransport) -> Stage:
         served = transport.last
         assert served is not None, "the transport served this call"
         call.request_seq = served.seq
-        return Reply(reply.status, reply.headers, reply.body, _committed(call, served), None)
+        return Reply(reply.status, reply.headers, reply.body, _committed(call, served))
 
     return stage
 
 
 def _committed(call: Call, served: RecordedCall) -> asyncio.Future[Committed]:
     """The recorded outcome, already known: reconstruct commits nothing of its own."""
-    reply = served.reply
-    assert isinstance(reply, ModelResponse)
-    seq = served.reply_seq if served.reply_seq is not None else served.seq
+    reply, seq = served.reply, served.reply_seq
+    assert isinstance(reply, ModelResponse)  # else ``RecordTransport.send`` raised
+    assert seq is not None  # set with ``reply`` (``RecordIndex.from_bodies``)
     appended = Appended(call.session.id, seq, "", "model.response", "", b"", 0, b"")
     future: asyncio.Future[Committed] = asyncio.get_running_loop().create_future()
     future.set_result(Committed(appended, reply.outcome, reply.response_digest))

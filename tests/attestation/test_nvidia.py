@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
@@ -24,6 +24,8 @@ from cryptography.x509.oid import NameOID
 from attestation.nvidia import (
     NVIDIA_DEVICE_ROOT_SPKI_SHA256,
     TCG_DICE_FWID_OID,
+    MeasurementBlock,
+    MeasurementsRequest,
     format_vbios_version,
     parse_nvidia_evidence,
     spki_sha256,
@@ -543,21 +545,25 @@ def test_a_bad_trusted_root_is_a_value_error(
 
 
 def _signed_by(
-    cn: str,
-    key: ec.EllipticCurvePrivateKey,
+    cn: str | x509.Name,
+    key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey,
     issuer: x509.Certificate | None,
-    issuer_key: ec.EllipticCurvePrivateKey,
+    issuer_key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey,
     *,
     ca: bool | None = True,
     path_length: int | None = None,
     usage: x509.KeyUsage | None = KEY_CERT_SIGN,
-    fwid: bool = False,
+    fwid: bool | bytes = False,
 ) -> x509.Certificate:
-    """A certificate for ``key`` signed by ``issuer_key`` (self-signed when no ``issuer``)."""
+    """A certificate for ``key`` signed by ``issuer_key`` (self-signed when no ``issuer``).
+
+    ``fwid``: True for a TcbInfo holding ``FWID``, or the extension's raw value.
+    """
+    subject = _name(cn) if isinstance(cn, str) else cn
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(cn))
-        .issuer_name(_name(cn) if issuer is None else issuer.subject)
+        .subject_name(subject)
+        .issuer_name(subject if issuer is None else issuer.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(START)
@@ -567,9 +573,13 @@ def _signed_by(
         builder = builder.add_extension(x509.BasicConstraints(ca, path_length), critical=True)
     if usage is not None:
         builder = builder.add_extension(usage, critical=True)
-    if fwid:
-        ext = x509.UnrecognizedExtension(TCG_DICE_FWID_OID, _dice_tcb_info(FWID))
-        builder = builder.add_extension(ext, critical=False)
+    if fwid is not False:
+        value = _dice_tcb_info(FWID) if fwid is True else fwid
+        builder = builder.add_extension(
+            x509.UnrecognizedExtension(TCG_DICE_FWID_OID, value), critical=False
+        )
+    if isinstance(issuer_key, ed25519.Ed25519PrivateKey):
+        return builder.sign(issuer_key, None)
     return builder.sign(issuer_key, hashes.SHA384())
 
 
@@ -917,3 +927,283 @@ def test_inconsistent_lengths_and_versions_are_named(
     bare = verify_nvidia(_evidence(key, opaque=_tlv(20, FWID)), chain, now=NOW, trusted_root=root)
     assert "(driver ?); --online" in _details(bare)["rim.driver"][1]
     assert "(VBIOS ?); --online" in _details(bare)["rim.vbios"][1]
+
+
+# --------------------------------------------------------------------------- every word
+
+
+def _block(index: int, value: bytes) -> bytes:
+    """One measurement block: index, DMTF, size, then the DMTF value (type 1)."""
+    dmtf = b"\x01" + len(value).to_bytes(2, "little") + value
+    return bytes([index, 1]) + len(dmtf).to_bytes(2, "little") + dmtf
+
+
+def _unsigned(record: bytes, count: int, *, version: int = 0x11) -> bytes:
+    """Request and response around a measurement record written by hand, for the parser
+    only: the signature is zeros, and the record starts at offset 45."""
+    request = bytes([0x11, 0xE0, 0x01, 0xFF]) + bytes(range(32)) + b"\x00"
+    head = bytes([version, 0x60, 0, 0, count]) + len(record).to_bytes(3, "little")
+    return request + head + record + b"\x5a" * 32 + b"\x00\x00" + bytes(96)
+
+
+def test_every_short_read_inside_the_measurement_record_names_the_field() -> None:
+    """A block cut short is named inside the record: no read runs on past its end."""
+    first = _block(1, b"\xaa" * 48)  # offsets 45..99; the second block starts at 100
+    for record, message in [
+        (first, "measurement block 2 of 2: index: needs 1 bytes at offset 100, only 0 remain"),
+        (
+            first + b"\x02",
+            "measurement block 2 of 2: measurement specification: needs 1 bytes at offset "
+            "101, only 0 remain",
+        ),
+        (
+            first + b"\x02\x01\x33",
+            "measurement block 2 of 2: measurement size: needs 2 bytes at offset 102, "
+            "only 1 remain",
+        ),
+        (  # a block longer than what is left of the record, with the nonce right after it
+            first + b"\x02\x01\x33\x00" + b"\x01\x30\x00" + b"\xbb" * 7,
+            "measurement block 2 of 2 (index 2): measurement: needs 51 bytes at offset 104, "
+            "only 10 remain",
+        ),
+    ]:
+        with pytest.raises(ValueError) as info:
+            parse_nvidia_evidence(_unsigned(record, 2))
+        assert str(info.value) == message
+    for body, message in [  # inside one block's measurement (offsets from its start)
+        (b"", "DMTF value type: needs 1 bytes at offset 0, only 0 remain"),
+        (b"\x01\x30", "DMTF value size: needs 2 bytes at offset 1, only 1 remain"),
+        (b"\x01\x30\x00", "DMTF value: needs 48 bytes at offset 3, only 0 remain"),
+    ]:
+        record = bytes([1, 1]) + len(body).to_bytes(2, "little") + body
+        with pytest.raises(ValueError) as info:
+            parse_nvidia_evidence(_unsigned(record, 1))
+        assert str(info.value) == f"measurement block 1 of 1 (index 1): {message}"
+    with pytest.raises(ValueError) as info:
+        parse_nvidia_evidence(_unsigned(first, 1, version=0x10))
+    assert str(info.value) == "response.version: 0x10 is not SPDM 1.1 or 1.2"
+    with pytest.raises(ValueError) as info:
+        parse_nvidia_evidence(bytes([0x11, 0xE0, 0x02, 0xFF]) + bytes(33))
+    assert str(info.value) == (
+        "request.param1: 0x02 does not request a signature (bit 0), so the request has no "
+        "nonce and the response is not signed"
+    )
+
+
+def test_every_parsed_field_is_the_one_sent(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    _, _, key = device
+    raw = bytearray(_evidence(key))
+    raw[3], raw[36] = 0x07, 0x05  # the request's measurement operation and slot id
+    raw[39], raw[40] = 0x02, 0x03  # the response's param1 and param2
+    parsed = parse_nvidia_evidence(bytes(raw))
+    assert parsed.request == MeasurementsRequest(
+        0x11, 0xE0, 0x01, 0x07, bytes(range(32)), 0x05, bytes(raw[:37])
+    )
+    response = parsed.response
+    assert (response.version, response.code, response.param1, response.param2) == (
+        0x11,
+        0x60,
+        0x02,
+        0x03,
+    )
+    assert response.blocks == (
+        MeasurementBlock(1, 1, 1, b"\xaa" * 48),
+        MeasurementBlock(2, 1, 1, b"\xbb" * 48),
+    )
+    assert response.nonce == b"\x5a" * 32
+    assert response.signed == bytes(raw[37:-96])
+
+
+def test_hex_text_given_as_a_string_and_other_strings(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    _, _, key = device
+    evidence = _evidence(key)
+    spaced = " ".join(evidence[i : i + 16].hex() for i in range(0, len(evidence), 16))
+    assert parse_nvidia_evidence(spaced + "\n") == parse_nvidia_evidence(evidence)
+    # not hex: each character outside ASCII is read as "?" (0x3f), which is no SPDM version
+    with pytest.raises(ValueError) as info:
+        parse_nvidia_evidence("é" * 40)
+    assert str(info.value) == "request.version: 0x3f is not SPDM 1.1 or 1.2 (0x11, 0x12)"
+
+
+def test_only_zero_bytes_pass_as_padding(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    _, _, key = device
+    end = len(_evidence(key))
+    with pytest.raises(ValueError) as info:
+        parse_nvidia_evidence(_evidence(key, trailing=b"\x00X"))
+    assert str(info.value) == (
+        f"trailing bytes: 2 bytes follow the signature (at offset {end}) and are not zero "
+        f"padding (a non-zero byte at offset {end + 1})"
+    )
+
+
+def _keys(n: int) -> list[ec.EllipticCurvePrivateKey]:
+    return [ec.generate_private_key(ec.SECP384R1()) for _ in range(n)]
+
+
+def _leaf_of(
+    issuer: x509.Certificate,
+    issuer_key: ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey,
+    **kw: Any,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A device leaf (end entity, digital signature, a FWID unless told) and its key."""
+    key = ec.generate_private_key(ec.SECP384R1())
+    kw.setdefault("fwid", True)
+    leaf = _signed_by("Test Leaf", key, issuer, issuer_key, ca=None, usage=DIGITAL_SIGNATURE, **kw)
+    return leaf, key
+
+
+def _verify_chain(
+    certs: bytes, key: ec.EllipticCurvePrivateKey, root: x509.Certificate | None, **kw: Any
+) -> Verdict:
+    kw.setdefault("now", NOW)
+    trusted = _pem(root) if root is not None else None
+    return verify_nvidia(_evidence(key), certs, trusted_root=trusted, **kw)
+
+
+def test_a_leaf_that_is_a_ca_without_a_fwid_that_may_not_sign_is_named_each_way() -> None:
+    root_key, leaf_key = _keys(2)
+    root = _signed_by("Test Root", root_key, None, root_key)
+    leaf = _signed_by("Test Leaf", leaf_key, root, root_key)  # a CA, keyCertSign only
+    got = _details(_verify_chain(_pem(leaf, root), leaf_key, root))
+    assert got["chain"][0] is True
+    assert got["chain.leaf"] == (
+        False,
+        "the leaf Test Leaf is a CA certificate, not the device's end-entity (FMC) certificate; "
+        f"has no TCG DICE FWID extension ({TCG_DICE_FWID_OID.dotted_string}); "
+        "may not sign (key usage)",
+    )
+    assert got["fwid"] == (
+        False,
+        f"Test Leaf: no TCG DICE FWID ({TCG_DICE_FWID_OID.dotted_string})",
+    )
+
+
+def test_the_fwid_is_the_last_48_bytes_of_the_extension() -> None:
+    root_key, _ = _keys(2)
+    root = _signed_by("Test Root", root_key, None, root_key)
+    bare, key = _leaf_of(root, root_key, fwid=FWID)  # exactly the 48 bytes, no TcbInfo around
+    assert _details(_verify_chain(_pem(bare, root), key, root))["fwid"] == (
+        True,
+        f"the leaf's TCG DICE FWID equals the reported {FWID.hex()}",
+    )
+    short, key = _leaf_of(root, root_key, fwid=FWID[:10])
+    got = _details(_verify_chain(_pem(short, root), key, root))
+    assert got["fwid"] == (
+        False,
+        f"Test Leaf: no TCG DICE FWID ({TCG_DICE_FWID_OID.dotted_string})",
+    )
+    assert got["chain.leaf"][0] is True  # the extension is there; it holds no FWID
+    other, key = _leaf_of(root, root_key, fwid=bytes(48))
+    assert _details(_verify_chain(_pem(other, root), key, root))["fwid"] == (
+        False,
+        f"the leaf's FWID {bytes(48).hex()} differs from the reported {FWID.hex()}",
+    )
+
+
+def test_validity_includes_both_ends_and_names_every_certificate_out_of_it(
+    device: tuple[bytes, bytes, ec.EllipticCurvePrivateKey],
+) -> None:
+    root, chain, key = device
+    for now in (START, END):
+        verdict = verify_nvidia(_evidence(key), chain, now=now, trusted_root=root)
+        assert _details(verdict)["chain.validity"] == (
+            True,
+            f"all 2 certificate(s) are valid at {now:%Y-%m-%dT%H:%M:%SZ}",
+        )
+    late = verify_nvidia(_evidence(key), chain, now=END + timedelta(seconds=1), trusted_root=root)
+    span = "(valid 2024-01-01T00:00:00Z to 2034-01-01T00:00:00Z)"
+    assert _details(late)["chain.validity"] == (
+        False,
+        f"not valid at 2034-01-01T00:00:01Z: Test GPU FMC LF {span}, Test Device Identity CA {span}",
+    )
+
+
+def test_the_leaf_is_the_certificate_with_a_fwid_that_issues_none_in_any_order() -> None:
+    root_key, mid_key, stray_key = _keys(3)
+    root = _signed_by("Test Root", root_key, None, root_key)
+    mid = _signed_by("Test Middle", mid_key, root, root_key)
+    stray = _signed_by("Stray", stray_key, None, stray_key, ca=None, usage=None)
+    leaf, key = _leaf_of(mid, mid_key)
+    verdict = _verify_chain(_pem(stray, root, leaf, mid), key, root)
+    assert verdict.accepted, [c.line() for c in verdict.failed]
+    assert verdict.facts["chain"] == ["CN=Test Leaf", "CN=Test Middle", "CN=Test Root"]
+    assert verdict.facts["unused_certificates"] == ["CN=Stray"]
+    # without a FWID anywhere, the one certificate that issues none is still the leaf
+    bare, key = _leaf_of(mid, mid_key, fwid=False)
+    verdict = _verify_chain(_pem(root, mid, bare), key, root)
+    assert verdict.facts["chain"] == ["CN=Test Leaf", "CN=Test Middle", "CN=Test Root"]
+    assert _details(verdict)["chain"][0] is True
+    assert "unused_certificates" not in verdict.facts
+
+
+def test_a_chain_without_its_root_or_that_loops_is_named() -> None:
+    root_key, mid_key, a_key, b_key = _keys(4)
+    root = _signed_by("Test Root", root_key, None, root_key)
+    mid = _signed_by("Test Middle", mid_key, root, root_key)
+    leaf, key = _leaf_of(mid, mid_key)
+    got = _details(_verify_chain(_pem(leaf, mid), key, None))
+    assert got["chain"] == (
+        False,
+        "Test Leaf → Test Middle: no certificate given issued Test Middle: its issuer "
+        "CN=Test Root is missing",
+    )
+    assert got["chain.root_pinned"] == (False, "the chain stops at Test Middle, not at a root")
+    # A and B each issued by the other: the walk stops where it comes back
+    b_name = _name("Test B")
+    a = _signed_by("Test A", a_key, _signed_by(b_name, b_key, None, b_key), b_key, fwid=True)
+    b = _signed_by(b_name, b_key, a, a_key)
+    got = _details(_verify_chain(_pem(a, b), a_key, None))
+    assert got["chain"] == (
+        False,
+        "Test A → Test B: the chain loops: Test B's issuer is already in it",
+    )
+    assert got["chain.root_pinned"] == (False, "the chain stops at Test B, not at a root")
+
+
+def test_every_signature_in_the_chain_is_checked_and_each_failure_named() -> None:
+    root_key, other_key, third_key = _keys(3)
+    root = _signed_by("Test Root", root_key, None, root_key)
+    leaf, key = _leaf_of(root, root_key)
+    # a root whose self-signature is not its own key's
+    forged = _signed_by("Test Root", root_key, None, other_key)
+    assert _details(_verify_chain(_pem(leaf, forged), key, None))["chain"] == (
+        False,
+        "Test Leaf → Test Root: the root Test Root: the signature on Test Root does not verify "
+        "with Test Root's key",
+    )
+    # two certificates named as the issuer, neither of which signed the leaf
+    impostor, key = _leaf_of(root, third_key)
+    twin = _signed_by("Test Root", other_key, None, other_key)
+    wrong = "the signature on Test Leaf does not verify with Test Root's key"
+    assert _details(_verify_chain(_pem(impostor, root, twin), key, None))["chain"] == (
+        False,
+        f"Test Leaf: {wrong}; {wrong}",
+    )
+    # an issuer whose key cannot check the leaf's signature at all
+    ed_key = ed25519.Ed25519PrivateKey.generate()
+    ed_root = _signed_by("Test Ed Root", ed_key, None, ed_key)
+    orphan, key = _leaf_of(ed_root, third_key)
+    assert _details(_verify_chain(_pem(orphan, ed_root), key, None))["chain"] == (
+        False,
+        "Test Leaf: Test Leaf cannot be checked against Test Ed Root: Signature algorithm "
+        "does not match issuer key type",
+    )
+
+
+def test_a_certificate_without_a_common_name_is_named_by_its_subject() -> None:
+    root_key, _ = _keys(2)
+    org = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Test Org")])
+    root = _signed_by(org, root_key, None, root_key)
+    leaf, key = _leaf_of(root, root_key)
+    verdict = _verify_chain(_pem(leaf, root), key, root)
+    assert verdict.accepted, [c.line() for c in verdict.failed]
+    assert _details(verdict)["chain"] == (
+        True,
+        "Test Leaf → O=Test Org: each certificate signed by the next, ending at a self-signed root",
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -66,3 +67,29 @@ def test_fast_and_full_parse_agree_on_sealed_lines(envelope: dict[str, Any], raw
     head = parse_head(line)
     assert entry.model_dump(exclude={"body"}) == {k: getattr(head, k) for k in envelope} == envelope
     assert head.sealed
+
+
+def test_plain_values_take_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Record lines are canonicalized on every append: a value the standard library already
+    writes as JCS (no floats, only I-JSON-safe integers, ASCII keys) must never pay for the
+    library. Here the library is unplugged, and every plain value still comes out (its bytes
+    checked against the library's, taken before)."""
+    safe = 2**53 - 1
+    plain = [
+        "text",
+        None,
+        True,
+        False,
+        safe,
+        -safe,
+        0,
+        [1, "a", None, [True, {"k": -safe}]],
+        {"b": {"c": [safe, "é"]}, "a": None},
+    ]
+    expected = [rfc8785.dumps(value) for value in plain]
+
+    def unplugged(value: Any) -> bytes:
+        raise AssertionError(f"{value!r} went to the library")
+
+    monkeypatch.setattr(rfc8785, "dumps", unplugged)
+    assert [canonical_json(value) for value in plain] == expected
