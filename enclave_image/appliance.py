@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING
 
 from enclave_image.appliance_disk import DiskError, StateDisk
 from enclave_image.appliance_supervise import Service, Supervisor, WeeklyTimer
-from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_key, snp_report
+from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_key
+from enclave_image.appliance_tsm import TSM_REPORTS, Collected, collect_evidence
 
 if TYPE_CHECKING:
     from egress_proxy.netrules import HarnessRules
@@ -121,6 +122,7 @@ class GuestLayout:
     state_mount: Path = Path("/var/lib/affidavit")
     run_dir: Path = Path("/run/affidavit")
     sev_guest: Path = Path("/dev/sev-guest")
+    tsm_reports: Path = TSM_REPORTS
     model_dir: Path = Path("/opt/model")  # the model disk, mounted by /init
     input_devices: Path = Path("/proc/bus/input/devices")
     python: str = "python3.11"
@@ -505,28 +507,52 @@ def ready_line(layout: GuestLayout, first_boot: bool, report_data: bytes) -> str
     )
 
 
-def keep_evidence(layout: GuestLayout, keys: Keys, report: bytes, say: Say) -> None:
-    """Keep the SNP report on the state disk and in the record, through the proxy's control
-    plane (``ArchiveEvidence``) in a stream of its own, sealed to the appliance's key."""
+def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say) -> None:
+    """Keep the boot evidence on the state disk and in the record, through the proxy's
+    control plane (``ArchiveEvidence``) in a stream of its own, sealed to the appliance's key:
+    the SNP report and, when the host handed the guest its certificate table (configfs-tsm's
+    ``auxblob``), the chain from it, under the names ``bind-check`` pairs them by."""
     from attestation.bind_check import evidence_names
     from attestation.binding import binding_digest
     from attestation.snp import parse_report
+    from attestation.snp_cert_table import CertTableError, chain_pem, read_cert_table
     from egress_proxy.control import ControlClient
 
+    if evidence.kind != "sev-snp":
+        say(
+            f"evidence: a {evidence.kind} report ({len(evidence.report)} bytes) came through"
+            f" {evidence.via}; keeping {evidence.kind} evidence is not built yet"
+        )
+        return
+    report = evidence.report
     if bytes(parse_report(report).report_data)[:32] != binding_digest(
         keys.log_key, keys.sealing_raw
     ):
         raise StartError("the SNP report does not carry this appliance's binding")
+    try:
+        chain = chain_pem(read_cert_table(evidence.aux))
+    except CertTableError as exc:  # the host's table, not ours: keep the report regardless
+        say(f"evidence: the host's certificate table is not kept: {exc}")
+        chain = b""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    name = evidence_names("snp", stamp)[0]
-    (layout.evidence_dir / name).write_bytes(report)
+    name, certs_name, _ = evidence_names("snp", stamp)
+    files = [(name, report)] + ([(certs_name, chain)] if chain else [])
+    for file, data in files:
+        (layout.evidence_dir / file).write_bytes(data)
     client = ControlClient(layout.control_socket)
     try:
         opened = client.open_session([], {"affidavit/boot-evidence": stamp})
-        kept = client.archive_evidence(opened.session_id, "sev-snp", name, report)
+        kept = [client.archive_evidence(opened.session_id, "sev-snp", f, d) for f, d in files]
     finally:
         client.channel.close()
-    say(f"evidence: SNP report kept as {name} at seq {kept.seq} of stream {opened.session_id}")
+    say(
+        f"evidence: SNP report kept as {name} at seq {kept[0].seq} of stream"
+        f" {opened.session_id} (through {evidence.via})"
+    )
+    if chain:
+        say(f"evidence: the host's certificates kept as {certs_name} at seq {kept[1].seq}")
+    else:
+        say("evidence: no certificates from the host: bind-check needs them given (--certs)")
 
 
 def _last_json(lines: list[str]) -> dict[str, object] | None:
@@ -585,13 +611,16 @@ def run_appliance(
     nonce = os.urandom(32)
     data = keys.report_data(nonce)
     say(f"keys: report_data={data.hex()}")
-    report: bytes | None = None
+    evidence: Collected | None = None
     if options.keysource != "snp":
         say(f"evidence: none collected: keysource={options.keysource} (no TEE to ask)")
-    elif not layout.sev_guest.exists():
-        say(f"evidence: none collected: {layout.sev_guest} does not exist")
     else:
-        report = snp_report(layout.sev_guest, data)
+        evidence = collect_evidence(data, reports=layout.tsm_reports, sev_guest=layout.sev_guest)
+        if evidence is None:
+            say(
+                f"evidence: none collected: neither {layout.tsm_reports} nor"
+                f" {layout.sev_guest} is here"
+            )
     model = layout.model
     if model.test_model is None:
         say(f"model: {model.name} ({model.path})")
@@ -611,8 +640,8 @@ def run_appliance(
         sup.start(specs["proxy"])
         wait_for("proxy", layout.url(layout.proxy_port) + "/metrics", layout.start_timeout, stop)
         say("health: proxy answers /metrics")
-        if report is not None:
-            keep_evidence(layout, keys, report, say)
+        if evidence is not None:
+            keep_evidence(layout, keys, evidence, say)
         sup.start(specs["harness"])
 
         def diverge() -> None:

@@ -32,6 +32,7 @@ import contextlib
 import csv
 import hashlib
 import json
+import lzma
 import os
 import re
 import shutil
@@ -139,6 +140,8 @@ sleep 5
 INIT_FULL = (
     _INIT_HEAD
     + r"""mkdir -p /opt/affidavit /opt/model
+# the TEE's report interface (configfs-tsm), where the kernel has a guest driver for it
+[ -d /sys/kernel/config ] && mount -t configfs configfs /sys/kernel/config
 mount -t squashfs -o ro "$(dmdev vapp)" /opt/affidavit || echo "init: application disk not mounted"
 mount -t squashfs -o ro "$(dmdev vmodel)" /opt/model || echo "init: model disk not mounted"
 if [ -e /sys/class/net/eth0 ]; then
@@ -217,24 +220,36 @@ def _kernel_entry(lock: Lock) -> str:
     return found[0]
 
 
+def _module_bytes(path: Path) -> bytes:
+    """A module's ELF bytes: Debian's 6.12 kernels ship them xz-compressed (``.ko.xz``),
+    which busybox's ``insmod`` cannot load, so the image holds them decompressed."""
+    data = path.read_bytes()
+    return lzma.decompress(data) if path.name.endswith(".ko.xz") else data
+
+
 def _module_deps(path: Path) -> list[str]:
-    match = re.search(rb"depends=([A-Za-z0-9_,-]*)\0", path.read_bytes())
+    match = re.search(rb"depends=([A-Za-z0-9_,-]*)\0", _module_bytes(path))
     return [d for d in (match.group(1).decode().split(",") if match else []) if d]
 
 
 def _modules(kernel_tree: Path, root: Path, wanted: Sequence[str]) -> list[str]:
-    """Copy ``wanted`` and their dependencies into ``root``; return the load order.
-
-    Debian ships modules uncompressed in 6.1 (``.ko``); ``insmod`` needs no depmod data.
-    """
+    """Copy ``wanted`` and their dependencies into ``root`` as plain ``.ko`` files; return
+    the load order. ``insmod`` needs no depmod data."""
     (base,) = (kernel_tree / "lib/modules").iterdir()
     files = {p.name.split(".ko")[0]: p for p in base.rglob("*.ko*")}
+    listed = base / "modules.builtin"  # built into the kernel: nothing to load
+    builtin = {
+        Path(line).name.split(".ko")[0].replace("-", "_")
+        for line in (listed.read_text().splitlines() if listed.is_file() else [])
+    }
     order: list[str] = []
 
     def visit(name: str) -> None:
         key = name if name in files else name.replace("_", "-")
         if key not in files:
             key = name.replace("-", "_")
+        if key not in files and name.replace("-", "_") in builtin:
+            return
         if key not in files:
             raise RuntimeError(f"kernel module {name} is not in {base.name}")
         if key in order:
@@ -249,8 +264,9 @@ def _modules(kernel_tree: Path, root: Path, wanted: Sequence[str]) -> list[str]:
     dest.mkdir(parents=True, exist_ok=True)
     names = []
     for key in order:
-        shutil.copyfile(files[key], dest / files[key].name)
-        names.append(files[key].name)
+        name = files[key].name.removesuffix(".xz")
+        (dest / name).write_bytes(_module_bytes(files[key]))
+        names.append(name)
     return names
 
 

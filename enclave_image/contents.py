@@ -21,9 +21,11 @@ __all__ = [
     "lock_names",
 ]
 
-#: Debian's generic kernel: its cloud flavour has no ``sev-guest`` driver, and the guest
-#: needs it to ask the AMD-SP for a report and a derived key.
-KERNEL_META = "linux-image-amd64"
+#: Debian's generic 6.12 kernel (bookworm-security): its 6.1 kernel has no TDX guest support
+#: (``CONFIG_INTEL_TDX_GUEST`` unset), and the cloud flavour has no ``sev-guest`` driver; this
+#: one has both guest drivers and the configfs-tsm report interface (``TSM_REPORTS``).
+#: ``tests/enclave_image/test_kernel_config.py`` reads the options from the pinned kernel.
+KERNEL_META = "linux-image-6.12-amd64"
 
 #: busybox for /init, Python 3.11 and the shared libraries it and the wheels load, dmsetup.
 REDUCED_DEBS = (
@@ -129,7 +131,9 @@ FULL_MODULES = (
     # the ACPI power button as /dev/input/event*: a VMM's shutdown stops the appliance cleanly
     "button",
     "evdev",
+    # the TEE's guest drivers (each brings tsm and configfs: the configfs-tsm report interface)
     "sev-guest",
+    "tdx-guest",
 )
 
 

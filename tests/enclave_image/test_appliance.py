@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from enclave_image import appliance_tee as tee
 from enclave_image.appliance import (
@@ -374,17 +375,24 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
                 assert reply.status == 200
         # What an SNP guest does with its report (the TEE is the test chain's double): the
         # report must carry this appliance's binding, then the record keeps it.
+        # With it, the host's certificate table (configfs-tsm's auxblob): the chain is kept
+        # beside the report, under the name bind-check pairs it by.
+        from attestation.certs import load_certs
+        from attestation.snp_cert_table import build_cert_table
         from enclave_image.appliance import StartError, keep_evidence, prepare_keys
+        from enclave_image.appliance_tsm import Collected
         from tests.attestation.snp_double import TURIN_TCB, fake_amd, v5_report
 
         keys = prepare_keys(layout)
         assert not keys.created  # found on the state disk, not made again
         chain = fake_amd("Turin", TURIN_TCB, bytes(8))
+        ask, ark = (c.public_bytes(Encoding.DER) for c in load_certs(chain.chain))
+        table = build_cert_table([("vcek", chain.vek), ("ask", ask), ("ark", ark)])
         bound = v5_report(chain.vek_key, report_data=keys.report_data(bytes(32)), policy=0x30000)
-        keep_evidence(layout, keys, bound, say)
+        keep_evidence(layout, keys, Collected("sev-snp", bound, table, "configfs-tsm"), say)
         stranger = v5_report(chain.vek_key, report_data=bytes(64), policy=0x30000)
         with pytest.raises(StartError, match="binding"):
-            keep_evidence(layout, keys, stranger, say)
+            keep_evidence(layout, keys, Collected("sev-snp", stranger, b"", "configfs-tsm"), say)
     finally:
         stop.set()
         thread.join(60)
@@ -419,11 +427,19 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
             for entry in store.entries(stream)
             if b"evidence.archived" in entry.line
         ]
-        assert len(kept) == 1  # the bound report, once; the stranger's never
+        assert len(kept) == 2  # the bound report and its chain, once; the stranger's never
     finally:
         store.close()
     assert any(x.startswith("evidence: SNP report kept as snp-") for x in said)
-    assert len(list((tmp_path / "state" / "evidence").iterdir())) == 1
+    assert any(x.startswith("evidence: the host's certificates kept as snp-") for x in said)
+    files = sorted((tmp_path / "state" / "evidence").iterdir())
+    assert [f.suffix for f in files] == [".pem", ".report"]
+    assert files[0].name == files[1].name.removesuffix(".report") + ".certs.pem"
+    assert [c.public_bytes(Encoding.DER) for c in load_certs(files[0].read_bytes())] == [
+        chain.vek,
+        ask,
+        ark,
+    ]
     from record.seal import KeyPair
 
     sealing = KeyPair.read(tmp_path / "state" / "record" / "appliance.key").recipient
