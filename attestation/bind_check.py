@@ -54,10 +54,12 @@ Verifier = Callable[..., Verdict]
 
 
 def check_bundle(
-    bundle: Path, key: Any, *, verify: Verifier | None = None
+    bundle: Path, key: Any, *, verify: Verifier | None = None, certs: bytes | None = None
 ) -> tuple[list[Check], list[Verdict]]:
     """The binding checks of ``bundle`` (opened with ``key``, a ``record.seal.KeyPair``), and
-    the verdict of each archived report. ``verify`` replaces the evidence verifier (tests)."""
+    the verdict of each archived report. ``verify`` replaces the evidence verifier (tests).
+    ``certs``: a chain (PEM) for the reports the record kept without one (``--certs``); a
+    report kept with its chain is judged by that chain only, the record's word."""
     from attestation.cli import verify_evidence
     from record.bundle import ENTRIES, EVIDENCE, LOG_KEY, verify_bundle
     from record.reader import StreamKeys
@@ -106,18 +108,20 @@ def check_bundle(
         base = body.file[: -len(".report")]
         collected = datetime.fromisoformat(entry.occurred_at.replace("Z", "+00:00"))
         report = (bundle / EVIDENCE / body.file).read_bytes()
-        certs = [
+        kept = [
             (bundle / EVIDENCE / name).read_bytes()
             for name in (base + ".certs.pem",)
             if name in files
         ]
+        given = not kept and certs is not None
+        chain = kept if kept else [certs] if certs is not None else []
         collateral_name = base + ".collateral.json"
         collateral = (
             (bundle / EVIDENCE / collateral_name).read_bytes() if collateral_name in files else None
         )
         check = verify or verify_evidence
         try:
-            verdict = check(kind, report, certs=certs, collateral=collateral, now=collected)
+            verdict = check(kind, report, certs=chain, collateral=collateral, now=collected)
         except ValueError as exc:  # no certificates kept, evidence that does not parse
             verdict = Verdict(kind)
             verdict.add("evidence", False, str(exc))
@@ -127,6 +131,7 @@ def check_bundle(
                 f"evidence.{body.file}",
                 verdict.accepted,
                 f"verified at its collection time {entry.occurred_at} (seq {entry.seq})"
+                + (" with the certificates of --certs" if given else "")
                 if verdict.accepted
                 else "; ".join(c.line() for c in verdict.failed[:3]),
             )
@@ -168,6 +173,14 @@ def attest_bind_check(
             "(a test chain; the output says so)",
         ),
     ] = None,
+    certs: Annotated[
+        Path | None,
+        typer.Option(
+            "--certs",
+            help="a certificate chain (PEM) for evidence the record kept without one; a report"
+            " kept with its chain is judged by that chain",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Check that a bundle's evidence vouches for the key that signed its checkpoints."""
@@ -175,10 +188,24 @@ def attest_bind_check(
     from record.errors import RecordError
     from record.seal import KeyPair
 
-    for path, present in ((bundle, bundle.is_dir()), (key, key.is_file())):
+    for path, present in (
+        (bundle, bundle.is_dir()),
+        (key, key.is_file()),
+        (certs, certs is None or certs.is_file()),
+    ):
         if not present:
             print(f"affidavit: missing: {path} does not exist", file=sys.stderr)
             raise typer.Exit(3)
+    chain: bytes | None = None
+    if certs is not None:
+        from attestation.certs import load_certs
+
+        chain = certs.read_bytes()
+        try:
+            if not load_certs(chain):
+                raise ValueError("no certificate in it")
+        except ValueError as exc:
+            raise typer.BadParameter(f"{certs}: {exc}", param_hint="--certs") from None
     verify: Verifier | None = None
     notice: list[Check] = []
     if trusted_root is not None:
@@ -204,7 +231,7 @@ def attest_bind_check(
             )
         ]
     try:
-        checks, _ = check_bundle(bundle, KeyPair.read(key), verify=verify)
+        checks, _ = check_bundle(bundle, KeyPair.read(key), verify=verify, certs=chain)
     except (RecordError, ValueError, OSError) as exc:
         checks = [Check("bundle", False, f"{type(exc).__name__}: {exc}")]
     checks = notice + checks

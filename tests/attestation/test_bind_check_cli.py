@@ -69,12 +69,15 @@ def _bundle(
     tdx: dict[str, bytes] | None = None,
     unsigned_from: int | None = None,
     evidence: bool = True,
+    chain: bool = True,
 ) -> Bundle:
     """Record a stream whose archived SEV-SNP report binds its log key and the appliance's
     sealing key (``wrong_byte``: that byte of report_data flipped), export it, and write the
     user's key and the double's ARK beside it. ``tdx``: TDX evidence files archived after it
     (file suffix → bytes); ``unsigned_from``: the checkpoints covering that many entries or
-    more are removed before the export; ``evidence`` False: the stream holds no evidence."""
+    more are removed before the export; ``evidence`` False: the stream holds no evidence;
+    ``chain`` False: the report is kept without its certificates, written to ``chain.pem``
+    beside the bundle instead (``--certs``)."""
     user, appliance = KeyPair.generate(), KeyPair.generate()
     amd = fake_amd("Turin", TURIN_TCB, CHIP_ID[:8])
     store = tmp_path / "record.db"
@@ -89,7 +92,10 @@ def _bundle(
         vek = x509.load_der_x509_certificate(amd.vek).public_bytes(Encoding.PEM)
         if evidence:
             log.archive_evidence(STREAM, "sev-snp", REPORT, report)
-            log.archive_evidence(STREAM, "sev-snp", CERTS, vek + amd.chain)
+            if chain:
+                log.archive_evidence(STREAM, "sev-snp", CERTS, vek + amd.chain)
+            else:
+                (tmp_path / "chain.pem").write_bytes(vek + amd.chain)
         for suffix, blob in (tdx or {}).items():
             log.archive_evidence(STREAM, "tdx", f"tdx-{STAMP}{suffix}", blob)
     if unsigned_from is not None:
@@ -366,7 +372,7 @@ def test_evidence_changed_after_it_was_recorded_fails_the_bundle(
     assert checks["bundle"] == {
         "name": "bundle",
         "ok": False,
-        "detail": f"body_digest_mismatch: {EVIDENCE}/{CERTS} does not match its evidence_digest",
+        "detail": f"evidence_digest_mismatch: {EVIDENCE}/{CERTS} does not match its evidence_digest",
     }
     assert checks[f"evidence.{REPORT}"]["ok"] is True
 
@@ -465,3 +471,48 @@ def test_a_key_file_that_is_no_key_rejects(
     bundle = _by_name(_json(out))["bundle"]
     assert bundle["ok"] is False
     assert str(bundle["detail"]).startswith("ValueError: ")
+
+
+def test_certs_gives_the_chain_for_a_report_kept_without_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = _bundle(tmp_path, chain=False)
+    code, out, _ = _run(bare.args("--json"), capsys)
+    assert code == 1  # no chain: the report cannot be judged
+    checks = _by_name(_json(out))
+    assert checks[f"evidence.{REPORT}"]["ok"] is False
+
+    code, out, err = _run(bare.args("--json", "--certs", str(tmp_path / "chain.pem")), capsys)
+
+    assert (code, err) == (0, "")
+    checks = _by_name(_json(out))
+    assert checks[f"evidence.{REPORT}"]["ok"] is True
+    assert str(checks[f"evidence.{REPORT}"]["detail"]).endswith(" with the certificates of --certs")
+    assert checks[f"binding.{REPORT}"]["ok"] is True
+
+
+def test_a_chain_the_record_kept_is_the_one_judged(
+    bound: Bundle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--certs cannot replace what the record kept: a stranger's chain changes nothing."""
+    stranger = fake_amd("Turin", TURIN_TCB, CHIP_ID[:8])
+    other = tmp_path / "other.pem"
+    other.write_bytes(
+        x509.load_der_x509_certificate(stranger.vek).public_bytes(Encoding.PEM) + stranger.chain
+    )
+    code, out, _ = _run(bound.args("--json", "--certs", str(other)), capsys)
+    assert code == 0
+    detail = str(_by_name(_json(out))[f"evidence.{REPORT}"]["detail"])
+    assert detail.startswith("verified at its collection time ") and "--certs" not in detail
+
+
+def test_certs_missing_or_not_certificates(
+    bound: Bundle, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.pem"
+    code, _, err = _run(bound.args("--certs", str(missing)), capsys)
+    assert code == 3 and f"missing: {missing} does not exist" in err
+    junk = tmp_path / "junk.pem"
+    junk.write_bytes(b"not a certificate")
+    code, _, err = _run(bound.args("--certs", str(junk)), capsys)
+    assert code == 2 and str(junk) in err and "--certs" in err
