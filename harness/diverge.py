@@ -143,7 +143,7 @@ def _scan(store_path: Path | str, key: KeyPair) -> dict[str, _Scanned]:
                 if entry.kind == "turn.started":
                     found.starts.append((entry.seq, _timestamp(entry.occurred_at)))
                 elif isinstance(entry.body, dict):
-                    body = parse_body(entry.kind, entry.body)
+                    body = parse_body(entry.kind, entry.body, stored=True)
                     if isinstance(body, StreamOpened):
                         found.labels = dict(body.labels)
                     if isinstance(body, StreamOpened | KeyRotated) and any(

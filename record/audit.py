@@ -15,7 +15,8 @@ Problem codes (stable; ``docs/record.md`` lists them):
 ==========================  ========================================================
 ``malformed_store``         the store file is not a readable record store
 ``malformed_bundle``        a bundle file is missing, cut short or malformed
-``malformed_entry``         a stored line is not a valid entry (names the field)
+``malformed_entry``         a stored line is not a valid entry (names the field), or a clear
+                            body (``stream.opened``, ``key.rotated``) is not valid
 ``stream_mismatch``         an entry names another stream than the one holding it
 ``leaf_mismatch``           a stored leaf hash is not the hash of the stored line
 ``seq_gap``                 a ``seq`` is missing (a lost or deleted entry)
@@ -26,10 +27,15 @@ Problem codes (stable; ``docs/record.md`` lists them):
 ``checkpoint_invalid``      a checkpoint is malformed, for another origin, or not signed
                             by the log key
 ``checkpoint_inconsistent`` two checkpoints that cannot both describe this log
-``unsigned_tail``           entries that no checkpoint signed by the log key covers
+``unsigned_tail``           entries that no checkpoint signed by the log key covers (not
+                            tolerated when no checkpoint matches at all)
 ``cannot_open``             (with a key) a body does not open
 ``malformed_body``          (with a key) an opened body is not valid for its kind
 ``body_digest_mismatch``    (with a key) a digest does not match the bytes it covers
+``evidence_missing``        (bundles) an evidence file that is named is not in ``evidence/``
+``evidence_unlisted``       (bundles) a file in ``evidence/`` that nothing names
+``evidence_digest_mismatch`` (bundles, with a key) an evidence file is not what its
+                            ``evidence.archived`` entry's digest covers
 ==========================  ========================================================
 
 This module never writes and never reads the clock.
@@ -39,7 +45,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,12 +112,15 @@ class Report:
         return {p.code for p in self.problems}
 
     def add_stream(self, audit: StreamAudit) -> None:
-        """Take one stream's findings; its unsigned tail is a problem unless tolerated."""
+        """Take one stream's findings; its unsigned tail is a problem unless tolerated.
+
+        A tail is tolerated only after a checkpoint that matches: a stream no checkpoint
+        covers at all (none, or none that verifies) proves nothing, tolerated or not.
+        """
         self.streams.append(audit.stream)
         self.unsigned[audit.stream] = audit.unsigned
-        self.problems += [
-            p for p in audit.problems if not (self.allow_unsigned_tail and p.code == UNSIGNED_TAIL)
-        ]
+        tolerate = self.allow_unsigned_tail and audit.covered > 0
+        self.problems += [p for p in audit.problems if not (tolerate and p.code == UNSIGNED_TAIL)]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -186,10 +195,18 @@ def audit_stream(
     key: KeyPair | None = None,
     kept: Sequence[tuple[str, bytes]] = (),
     evidence: Callable[[str], bytes | None] | None = None,
+    evidence_names: Collection[str] | None = None,
 ) -> list[Problem]:
     """Every problem of one stream (see :func:`check_stream`)."""
     return check_stream(
-        stream, rows, checkpoints, log_key, key=key, kept=kept, evidence=evidence
+        stream,
+        rows,
+        checkpoints,
+        log_key,
+        key=key,
+        kept=kept,
+        evidence=evidence,
+        evidence_names=evidence_names,
     ).problems
 
 
@@ -202,11 +219,14 @@ def check_stream(
     key: KeyPair | None = None,
     kept: Sequence[tuple[str, bytes]] = (),
     evidence: Callable[[str], bytes | None] | None = None,
+    evidence_names: Collection[str] | None = None,
 ) -> StreamAudit:
     """Audit one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs.
 
     ``evidence`` reads an archived evidence file by name (``None`` when it is missing); with
     a key, each ``evidence.archived`` entry's file is checked against its digest.
+    ``evidence_names``: every file the bundle's ``evidence/`` holds; with a key, one that no
+    ``evidence.archived`` entry names is a problem (nothing vouches for it).
 
     One streaming pass over ``rows``: only leaf hashes and ``seq`` numbers are kept, so
     memory grows with the number of entries, not their bytes (bodies are kept only when a
@@ -215,7 +235,7 @@ def check_stream(
     out = _Problems(stream)
     scan = _scan_entries(stream, rows, out, keep_bodies=key is not None)
     origin = _expected_origin(stream, log_key)
-    _check_opening(scan, log_key, origin, out)
+    valid_clear = _check_opening(scan, log_key, origin, out)
     signed = _check_signatures(checkpoints, kept, log_key, origin, out)
     covered = _check_tree(scan.leaves, signed, out)
     n = len(scan.leaves)
@@ -228,7 +248,7 @@ def check_stream(
             "written them",
         )
     if key is not None:
-        _check_bodies(stream, scan.kept, key, out, evidence)
+        _check_bodies(stream, scan.kept, valid_clear, key, out, evidence, evidence_names)
     return StreamAudit(stream, out.finish(), n, covered)
 
 
@@ -341,34 +361,44 @@ def _expected_origin(stream: str, log_key: str | None) -> str | None:
     return log_origin(verifier.name, verifier.key_id, stream)
 
 
-def _check_opening(scan: _Scan, log_key: str | None, origin: str | None, out: _Problems) -> None:
-    """The stream opens with ``stream.opened`` naming our origin; key epochs count up by one."""
+def _check_opening(
+    scan: _Scan, log_key: str | None, origin: str | None, out: _Problems
+) -> set[int]:
+    """The stream opens with ``stream.opened`` naming our origin; key epochs count up by one.
+
+    Every clear body is checked here, key or not: a bad one is ``malformed_entry`` (and never
+    also ``malformed_body``). Returns the ids of the clear entries whose body is valid.
+    """
+    valid: set[int] = set()
     seen_opened = False
     if scan.first_kind is not None and scan.first_kind != "stream.opened":
         out.add(
             "malformed_entry", 0, f"the stream starts with {scan.first_kind}, not stream.opened"
         )
-    epoch = -1
-    for entry in scan.clear:
+    # The n-th clear entry (from 0, valid or not) brings epoch n (docs/record.md §12 step 5).
+    for epoch, entry in enumerate(scan.clear):
+        second = entry.kind == "stream.opened" and seen_opened
+        seen_opened |= entry.kind == "stream.opened"
         try:
-            body = parse_body(entry.kind, entry.body if isinstance(entry.body, dict) else {})
+            body = parse_body(
+                entry.kind, entry.body if isinstance(entry.body, dict) else {}, stored=True
+            )
         except SchemaError as exc:
             out.add("malformed_entry", entry.seq, str(exc))
             continue
         assert isinstance(body, StreamOpened | KeyRotated)
-        if body.key_epoch != entry.key_epoch or body.key_epoch != epoch + 1:
+        valid.add(id(entry))
+        if body.key_epoch != entry.key_epoch or body.key_epoch != epoch:
             out.add(
                 "malformed_entry",
                 entry.seq,
                 f"{entry.kind} brings key epoch {body.key_epoch} (envelope {entry.key_epoch}); "
-                f"expected {epoch + 1}",
+                f"expected {epoch}",
             )
-        epoch = max(epoch, body.key_epoch)
         if isinstance(body, StreamOpened):
-            if seen_opened:
+            if second:
                 out.add("malformed_entry", entry.seq, "a second stream.opened")
                 continue
-            seen_opened = True
             if log_key is not None and body.log_key != log_key:
                 out.add(
                     "checkpoint_invalid",
@@ -381,6 +411,7 @@ def _check_opening(scan: _Scan, log_key: str | None, origin: str | None, out: _P
                     entry.seq,
                     f"stream.opened names origin {body.origin!r}; the log key's is {origin!r}",
                 )
+    return valid
 
 
 def _check_signatures(
@@ -483,33 +514,53 @@ def _roots_at(leaves: Sequence[bytes], sizes: set[int]) -> dict[int, bytes]:
 def _check_bodies(
     stream: str,
     entries: Sequence[Entry],
+    valid_clear: set[int],
     key: KeyPair,
     out: _Problems,
     evidence: Callable[[str], bytes | None] | None,
+    evidence_names: Collection[str] | None,
 ) -> None:
+    # A clear body that is not valid was reported (malformed_entry) and brings no data key.
+    clear = [e for e in entries if e.kind in CLEAR_KINDS and id(e) in valid_clear]
+    failed: list[tuple[int, CannotOpen]] = []
     try:
-        keys = StreamKeys.collect(stream, entries, key)
-    except (CannotOpen, SchemaError) as exc:
+        keys = StreamKeys.collect(stream, clear, key, failed=failed)
+    except CannotOpen as exc:
         out.add("cannot_open", None, str(exc))
         return
+    for seq, error in failed:  # its epoch's bodies are each cannot_open below
+        out.add("cannot_open", seq, f"wrapped data key: {error}")
+    named: set[str] = set()
+    opened_all = True
     for entry in entries:
+        if entry.kind in CLEAR_KINDS:
+            opened_all &= id(entry) in valid_clear
+            continue  # checked, key or not, by _check_opening
         try:
             body = keys.open(entry)
         except CannotOpen as exc:
             out.add("cannot_open", entry.seq, f"{entry.kind}: {exc}")
+            opened_all = False
             continue
         except SchemaError as exc:
             out.add("malformed_body", entry.seq, str(exc))
+            opened_all = False
             continue
         for problem in digest_mismatches(body):
             out.add("body_digest_mismatch", entry.seq, f"{entry.kind}: {problem}")
         if evidence is not None and isinstance(body, EvidenceArchived):
+            named.add(body.file)
             data = evidence(body.file)
             if data is None:
-                out.add("malformed_bundle", entry.seq, f"evidence/{body.file} is missing")
+                out.add("evidence_missing", entry.seq, f"evidence/{body.file} is missing")
             elif digest(Domain.EVIDENCE, data) != body.evidence_digest:
                 detail = f"evidence/{body.file} does not match its evidence_digest"
-                out.add("body_digest_mismatch", entry.seq, detail)
+                out.add("evidence_digest_mismatch", entry.seq, detail)
+    if not opened_all:
+        return  # a body that did not open may be the entry that vouches for a file
+    for name in sorted(set(evidence_names or ()) - named):
+        detail = f"evidence/{name} is named by no evidence.archived entry: nothing vouches for it"
+        out.add("evidence_unlisted", None, detail)
 
 
 def verify_store(

@@ -158,13 +158,59 @@ def verify_bundle(
         detail = f"{INDEX} lists {listed} checkpoints, {CHECKPOINTS}/ holds {len(notes)}"
         report.problems.append(Problem("malformed_bundle", stream, None, detail))
     report.entries = len(rows)
+    names = _evidence_names(root)
+    report.problems += _check_evidence_index(root, index, names, stream)
     kept_pairs = [(f"kept checkpoint #{i}", note) for i, note in enumerate(kept)]
     report.add_stream(
         check_stream(
-            stream, rows, notes, log_key, key=key, kept=kept_pairs, evidence=_evidence_reader(root)
+            stream,
+            rows,
+            notes,
+            log_key,
+            key=key,
+            kept=kept_pairs,
+            evidence=_evidence_reader(root),
+            evidence_names=names,
         )
     )
     return report
+
+
+def _plain_name(name: object) -> bool:
+    return isinstance(name, str) and bool(name) and "/" not in name and not name.startswith(".")
+
+
+def _evidence_names(root: Path) -> list[str]:
+    """Every name in the bundle's ``evidence/`` (a folder or link among them too)."""
+    folder = root / EVIDENCE
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def _check_evidence_index(
+    root: Path, index: dict[str, Any] | None, names: Sequence[str], stream: str
+) -> list[Problem]:
+    """``bundle.json``'s ``evidence`` list against ``evidence/``: checkable without a key.
+
+    The index is no evidence, but a file it lists that is not there, or a file that is there
+    and not listed, is a bundle that was changed after export (docs/record.md §12 step 1).
+    """
+    listed = index.get("evidence") if index is not None else None
+    if listed is None:
+        return []
+    if not isinstance(listed, list) or not all(_plain_name(n) for n in listed):
+        detail = f"{INDEX}: evidence is not a list of plain file names"
+        return [Problem("malformed_bundle", stream, None, detail)]
+    problems = [
+        Problem("evidence_missing", stream, None, f"{INDEX} lists evidence/{n}; it is missing")
+        for n in listed
+        if not (root / EVIDENCE / n).is_file()
+    ]
+    problems += [
+        Problem("evidence_unlisted", stream, None, f"evidence/{n} is not listed in {INDEX}")
+        for n in names
+        if n not in listed
+    ]
+    return problems
 
 
 def _evidence_reader(root: Path) -> Callable[[str], bytes | None]:
@@ -172,7 +218,7 @@ def _evidence_reader(root: Path) -> Callable[[str], bytes | None]:
 
     def read(name: str) -> bytes | None:
         path = root / EVIDENCE / name
-        if "/" in name or name.startswith(".") or not path.is_file():
+        if not _plain_name(name) or not path.is_file():
             return None
         return path.read_bytes()
 
@@ -204,7 +250,9 @@ def _read_entries(root: Path, stream: str | None) -> tuple[list[Row], list[Probl
     except FileNotFoundError:
         return [], [Problem("malformed_bundle", stream or "?", None, f"{path} is missing")]
     problems: list[Problem] = []
-    if data and not data.endswith(b"\n"):
+    if not data:
+        problems.append(Problem("malformed_bundle", stream or "?", None, f"{path} holds no entry"))
+    elif not data.endswith(b"\n"):
         problems.append(
             Problem("malformed_bundle", stream or "?", None, f"{path}: last line is cut short")
         )

@@ -20,7 +20,7 @@ from typing import Annotated, ParamSpec
 
 import typer
 
-from record.audit import Problem, Report, verify_store
+from record.audit import UNSIGNED_TAIL, Problem, Report, verify_store
 from record.bundle import export_stream, verify_bundle
 from record.errors import RecordError, StoreMissing
 from record.redact import RedactionRules
@@ -136,8 +136,10 @@ def _print_report(report: Report, path: Path, as_json: bool) -> None:
             where = f"{p.stream}/{p.seq}" if p.seq is not None else p.stream
             print(f"  {p.code:<24} {where:<28} {p.detail}")
     if report.allow_unsigned_tail:
+        # a stream no checkpoint covers at all is refused even so (docs/record.md §10.4)
+        refused = {p.stream for p in report.problems if p.code == UNSIGNED_TAIL}
         for stream, count in sorted(report.unsigned.items()):
-            if count:
+            if count and stream not in refused:
                 print(f"  allowed: {stream}: {count} entries no checkpoint covers (unsigned tail)")
 
 

@@ -53,7 +53,13 @@ from record.schema import (
 )
 from record.seal import KeyPair, RecipientKey, new_data_key, seal_buffer
 from record.sqlite_store import SQLiteStore
-from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint, StoredEntry
+from record.store import (
+    LogStore,
+    PendingCheckpoint,
+    PendingEntry,
+    StoredCheckpoint,
+    StoredEntry,
+)
 
 LOG_KEY_NAME = "affidavit-log"
 _STREAM_NAME: TypeAdapter[str] = TypeAdapter(StreamName)
@@ -131,6 +137,7 @@ class _Request:
     future: Future[Appended] = field(default_factory=Future)
     new_key: tuple[int, bytes] | None = None  # (epoch, data key) a clear entry brings in
     envelope: dict[str, Any] | None = None  # set once the entry is built
+    evidence: tuple[str, bytes] | None = None  # the file an evidence.archived entry names
 
 
 class Log:
@@ -154,6 +161,7 @@ class Log:
         self._streams: dict[str, _StreamState] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # the store's writer connection is not shareable
+        self._evidence_lock = threading.Lock()  # one evidence archive at a time
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="record-writer", daemon=True)
@@ -220,10 +228,8 @@ class Log:
         return await asyncio.wrap_future(self._submit(stream, body))
 
     def archive_evidence(self, stream: str, evidence_kind: str, name: str, data: bytes) -> Appended:
-        """Keep attestation evidence for the stream's bundle and record its digest."""
-        self._state(stream)
-        with self._write_lock:
-            self.store.archive_evidence(stream, name, data)
+        """Keep attestation evidence for the stream's bundle and record its digest: the file
+        and its ``evidence.archived`` entry in one transaction (both, or neither)."""
         body = EvidenceArchived.model_validate(
             {
                 "evidence_kind": evidence_kind,
@@ -231,7 +237,12 @@ class Log:
                 "evidence_digest": digest(Domain.EVIDENCE, data),
             }
         )
-        return self.append(stream, body)
+        self._state(stream)
+        # checked here, one archive at a time: a refused insert would sink its whole batch
+        with self._evidence_lock:
+            if any(kept == name for kept, _ in self.store.evidence(stream)):
+                raise ValueError(f"evidence {name!r} is already kept for stream {stream!r}")
+            return self._submit(stream, body, evidence=(name, data)).result()
 
     def checkpoint(self, stream: str) -> StoredCheckpoint:
         """Sign a checkpoint of the stream's current tree now, on demand."""
@@ -263,6 +274,7 @@ class Log:
         body: Strict,
         *,
         new_key: tuple[int, bytes] | None = None,
+        evidence: tuple[str, bytes] | None = None,
     ) -> Future[Appended]:
         if self._closed:
             raise RecordError("the log is closed")
@@ -273,8 +285,7 @@ class Log:
             self._state(stream)  # refuse unknown streams before queueing
         payload: bytes | dict[str, Any]
         payload = body.model_dump(mode="json") if kind in CLEAR_KINDS else canonical_body(body)
-        request = _Request(stream, kind, payload)
-        request.new_key = new_key
+        request = _Request(stream, kind, payload, new_key=new_key, evidence=evidence)
         self._queue.put(request)
         return request.future
 
@@ -348,7 +359,11 @@ class Log:
                 continue
             live.append(request)
             if request.kind:
-                pending.append(PendingEntry(request.stream, self._builder(request, keys)))
+                pending.append(
+                    PendingEntry(
+                        request.stream, self._builder(request, keys), evidence=request.evidence
+                    )
+                )
             if request.stream not in wanted:  # one signature per stream per batch
                 wanted[request.stream] = PendingCheckpoint(
                     request.stream, self._checkpoint_signer(request.stream, trees)

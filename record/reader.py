@@ -7,8 +7,6 @@ private key. This module never writes.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -28,6 +26,7 @@ from record.schema import (
     ToolResult,
     TurnEnded,
     TurnStarted,
+    canonical_b64decode,
     envelope_json,
     parse_body,
 )
@@ -47,35 +46,56 @@ class StreamKeys:
     keys: dict[int, bytes]
 
     @classmethod
-    def collect(cls, stream: str, entries: Iterable[Entry], key: KeyPair) -> StreamKeys:
+    def collect(
+        cls,
+        stream: str,
+        entries: Iterable[Entry],
+        key: KeyPair,
+        *,
+        failed: list[tuple[int, CannotOpen]] | None = None,
+    ) -> StreamKeys:
+        """The data keys the clear ``entries`` wrap to ``key``; ``CannotOpen`` when none names it.
+
+        ``failed``: a wrapped key that names ``key`` but does not open is added there, with its
+        entry's ``seq``, and the others are still collected (the audit reports each one);
+        without it, the first such key raises.
+        """
         mine = key.recipient.text()
         keys: dict[int, bytes] = {}
+        named = False
         for entry in entries:
             if entry.kind not in CLEAR_KINDS or not isinstance(entry.body, dict):
                 continue
-            body = parse_body(entry.kind, entry.body)
+            body = parse_body(entry.kind, entry.body, stored=True)
             assert isinstance(body, StreamOpened | KeyRotated)
             for wrapped in body.recipients:
-                if wrapped.recipient == mine:
+                if wrapped.recipient != mine:
+                    continue
+                named = True
+                try:
                     keys[body.key_epoch] = key.unwrap(wrapped.sealed_key, stream, body.key_epoch)
-        if not keys:
+                except CannotOpen as exc:
+                    if failed is None:
+                        raise
+                    failed.append((entry.seq, exc))
+        if not named:
             raise CannotOpen(f"stream {stream!r} is not sealed to this key")
         return cls(stream, keys)
 
     def open(self, entry: Entry) -> Strict:
         """The entry's body, opened and validated; ``CannotOpen`` or ``SchemaError``."""
         if isinstance(entry.body, dict):
-            return parse_body(entry.kind, entry.body)
+            return parse_body(entry.kind, entry.body, stored=True)
         data_key = self.keys.get(entry.key_epoch)
         if data_key is None:
             raise CannotOpen(f"no data key for epoch {entry.key_epoch} under this private key")
         try:
-            sealed = base64.b64decode(entry.body, validate=True)
-        except binascii.Error:
-            raise CannotOpen("sealed body is not base64") from None
+            sealed = canonical_b64decode(entry.body)
+        except ValueError:
+            raise CannotOpen("sealed body is not canonical base64") from None
         plaintext = open_sealed(data_key, sealed, associated_data(entry))
         try:
-            return parse_body(entry.kind, plaintext)
+            return parse_body(entry.kind, plaintext, stored=True)
         except SchemaError as exc:
             raise SchemaError(f"seq {entry.seq}: {exc}") from None
 

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -44,15 +45,48 @@ _RFC3339_UTC_RE = re.compile(
 _STREAM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def canonical_b64decode(text: str) -> bytes:
+    """Standard base64 with padding, in its one canonical spelling only (docs/record.md §1).
+
+    ``b64decode(validate=True)`` alone takes ``NB==`` for ``NA==`` (padding bits set) and
+    ``TWFu====`` for ``TWFu``: two spellings of the same bytes would let two readers hash or
+    compare different strings. Only the length and the last quantum can differ, so those are
+    what is checked here, without re-encoding a body of megabytes.
+    """
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not standard base64: {exc}") from None
+    tail = len(raw) % 3 or 3
+    if len(text) != 4 * ((len(raw) + 2) // 3) or (
+        raw and base64.b64encode(raw[-tail:]).decode("ascii") != text[-4:]
+    ):
+        raise ValueError("not the canonical base64 encoding (padding bits or padding)")
+    return raw
+
+
+def is_canonical_b64(data: bytes) -> bool:
+    """Whether ASCII ``data`` of the base64 alphabet (``=`` included) is canonical base64.
+
+    For a sealed body in a line: checked without decoding it (the audit reads only envelopes).
+    """
+    if len(data) % 4:
+        return False
+    pad = data.find(b"=")
+    if pad < 0:
+        return True
+    if pad < len(data) - 2 or data[pad:].count(b"=") != len(data) - pad:
+        return False
+    last = _BASE64_ALPHABET.index(data[pad - 1])
+    return not last & (0b1111 if len(data) - pad == 2 else 0b11)
+
+
 def _b64_decode(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
     if not isinstance(value, str):
         raise ValueError("expected a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except binascii.Error as exc:
-        raise ValueError(f"not standard base64: {exc}") from None
+    return canonical_b64decode(value)
 
 
 def _b64_encode(value: bytes) -> str:
@@ -81,6 +115,39 @@ UUID7 = Annotated[str, _check_pattern(_UUID7_RE, "a lowercase UUIDv7")]
 Timestamp = Annotated[str, _check_pattern(_RFC3339_UTC_RE, "an RFC 3339 UTC time ending in Z")]
 StreamName = Annotated[str, _check_pattern(_STREAM_RE, "a stream name ([A-Za-z0-9._-], ≤128)")]
 
+#: The largest integer the record writes (RFC 8785 keeps integers exact up to it).
+MAX_SAFE_INTEGER = 2**53 - 1
+
+#: Every integer member of an envelope or body: a seq, an epoch, a turn, a step, a status.
+#: Negative values have no meaning anywhere in the record and are refused (docs/record.md §1).
+Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER)]
+
+
+def _check_plain_name(value: Any) -> Any:
+    if not isinstance(value, str) or not value or "/" in value or value.startswith("."):
+        raise ValueError(f"not a plain file name (no '/', not starting with '.'): {value!r}")
+    return value
+
+
+#: A file name under the bundle's ``evidence/``, as ``SQLiteStore.archive_evidence`` keeps it.
+PlainFileName = Annotated[str, BeforeValidator(_check_plain_name)]
+
+
+def _exact_length(size: int, what: str) -> Any:
+    def check(value: bytes) -> bytes:
+        if len(value) != size:
+            raise ValueError(f"{what} must be {size} bytes, not {len(value)}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _check_recipient_text(value: Any) -> Any:
+    raw = _b64_decode(value)
+    if len(raw) != 32:
+        raise ValueError(f"a recipient is base64 of a 32-byte X25519 key, not {len(raw)} bytes")
+    return value
+
 
 def utc_timestamp(moment: datetime | None = None) -> str:
     """RFC 3339 UTC with microseconds and ``Z``: the writer's one time format."""
@@ -102,11 +169,11 @@ class Envelope(Strict):
 
     schema_version: Literal["1.0"]
     stream: StreamName
-    seq: int = Field(ge=0)
+    seq: Count
     event_id: UUID7
     kind: str
     occurred_at: Timestamp
-    key_epoch: int = Field(ge=0)
+    key_epoch: Count
 
 
 class Entry(Envelope):
@@ -136,8 +203,10 @@ class RetrievalItem(Strict):
 class WrappedKey(Strict):
     """A stream data key sealed to one recipient with HPKE (see ``record.seal``)."""
 
-    recipient: str  # base64 of the recipient's raw X25519 public key
-    sealed_key: B64Bytes
+    # canonical base64 of the recipient's raw 32-byte X25519 public key
+    recipient: Annotated[str, BeforeValidator(_check_recipient_text)]
+    # enc (32) || ct (32) || tag (16): any other length is malformed, not "does not open"
+    sealed_key: Annotated[B64Bytes, _exact_length(80, "a wrapped data key")]
 
 
 class StreamOpened(Strict):
@@ -150,7 +219,7 @@ class StreamOpened(Strict):
     hpke_suite: Literal["DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20Poly1305"] = (
         "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20Poly1305"
     )
-    key_epoch: int = Field(ge=0)
+    key_epoch: Count
     recipients: list[WrappedKey] = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -159,7 +228,7 @@ class KeyRotated(Strict):
     """A new data key from this entry on (clear), sealed to the recipients listed."""
 
     kind: Literal["key.rotated"] = "key.rotated"
-    key_epoch: int = Field(ge=1)
+    key_epoch: Annotated[Count, Field(ge=1)]
     recipients: list[WrappedKey] = Field(min_length=1)
 
 
@@ -182,17 +251,17 @@ class ModelRequest(Strict):
     # Where the clock went (egress_proxy.clock): absent in records written before it was
     # recorded, which all used "prepend".
     clock_rule: Literal["fold", "prepend"] | None = None
-    turn: int | None = None
-    step: int | None = None
+    turn: Count | None = None
+    step: Count | None = None
 
 
 class ModelResponse(Strict):
     """The reply as received, verbatim (for a stream: every byte, framing included)."""
 
     kind: Literal["model.response"] = "model.response"
-    request_seq: int = Field(ge=0)
+    request_seq: Count
     outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
-    status: int | None = None
+    status: Count | None = None
     response_bytes: B64Bytes | None = None
     response_digest: Digest | None = None  # 0x01 over response_bytes
     error_bytes: B64Bytes | None = None
@@ -203,7 +272,7 @@ class ModelResponse(Strict):
 
 class ToolCall(Strict):
     kind: Literal["tool.call"] = "tool.call"
-    reply_seq: int = Field(ge=0)  # the committed model reply that asked for this call
+    reply_seq: Count  # the committed model reply that asked for this call
     call_id: str
     server: str
     tool: str
@@ -214,13 +283,13 @@ class ToolCall(Strict):
 
 class ToolResult(Strict):
     kind: Literal["tool.result"] = "tool.result"
-    call_seq: int = Field(ge=0)
+    call_seq: Count
     outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
     result_bytes: B64Bytes | None = None
     result_digest: Digest | None = None  # 0x05 over result_bytes
     error_bytes: B64Bytes | None = None
     error_digest: Digest | None = None  # 0x09 over error_bytes
-    replayed_from: int | None = None  # seq of the recorded result served on replay
+    replayed_from: Count | None = None  # seq of the recorded result served on replay
 
 
 class ToolUnavailable(Strict):
@@ -239,32 +308,32 @@ class FetchRequest(Strict):
     request_bytes: B64Bytes
     content_key: Digest  # 0x07 over request_bytes
     # the web tool call this fetch was admitted as (None: refused, or recorded before #16)
-    reply_seq: int | None = Field(default=None, ge=0)
+    reply_seq: Count | None = None
     call_id: str | None = None
 
 
 class FetchResponse(Strict):
     kind: Literal["fetch.response"] = "fetch.response"
-    request_seq: int = Field(ge=0)
+    request_seq: Count
     outcome: Literal["COMMITTED", "FAILED", "UNKNOWN"]
-    status: int | None = None
+    status: Count | None = None
     response_bytes: B64Bytes | None = None  # status line, headers and body as received
     response_digest: Digest | None = None  # 0x08 over response_bytes
     error_bytes: B64Bytes | None = None
     error_digest: Digest | None = None
-    replayed_from: int | None = None  # seq of the recorded fetch.response served on replay
+    replayed_from: Count | None = None  # seq of the recorded fetch.response served on replay
 
 
 class TurnStarted(Strict):
     kind: Literal["turn.started"] = "turn.started"
-    turn: int = Field(ge=0)
+    turn: Count
     input_bytes: B64Bytes  # the user's message exactly as received
     input_digest: Digest  # 0x02 over input_bytes
 
 
 class TurnEnded(Strict):
     kind: Literal["turn.ended"] = "turn.ended"
-    turn: int = Field(ge=0)
+    turn: Count
     outcome: Literal["ANSWERED", "STEP_LIMIT", "FAILED", "STOPPED"]
     answer_bytes: B64Bytes | None = None
     answer_digest: Digest | None = None  # 0x01 over answer_bytes
@@ -275,8 +344,8 @@ class TurnDecided(Strict):
     (``affidavit resume --decide``): re-send it, skip it, or stop the turn."""
 
     kind: Literal["turn.decided"] = "turn.decided"
-    turn: int = Field(ge=0)
-    call_seq: int = Field(ge=0)  # the tool.call the decision settles
+    turn: Count
+    call_seq: Count  # the tool.call the decision settles
     decision: Literal["retry", "skip", "abort"]
 
 
@@ -289,7 +358,7 @@ class PinsSet(Strict):
 class EvidenceArchived(Strict):
     kind: Literal["evidence.archived"] = "evidence.archived"
     evidence_kind: Literal["sev-snp", "tdx", "nvidia-h100"]
-    file: str  # name under the bundle's evidence/ folder
+    file: PlainFileName  # name under the bundle's evidence/ folder
     evidence_digest: Digest  # 0x0B over the file's bytes
 
 
@@ -362,17 +431,26 @@ def canonical_body(body: Strict) -> bytes:
     return b"".join(out)
 
 
-def parse_body(kind: str, data: dict[str, Any] | bytes) -> Strict:
-    """Validate a body of ``kind`` from its JSON object or bytes; ``SchemaError`` on failure."""
+def parse_body(kind: str, data: dict[str, Any] | bytes, *, stored: bool = False) -> Strict:
+    """Validate a body of ``kind`` from its JSON object or bytes; ``SchemaError`` on failure.
+
+    ``stored``: the body was read from the record, where ``kind`` must be stated
+    (docs/record.md §5.2); a caller building a body (the control plane) may leave it out.
+    """
     model = BODY_MODELS.get(kind)
     if model is None:
         raise SchemaError(f"unknown entry kind {kind!r}")
     try:
         if isinstance(data, bytes):
-            return model.model_validate_json(data, strict=True)
-        return model.model_validate(data, strict=True)
+            body = model.model_validate_json(data, strict=True)
+        else:
+            body = model.model_validate(data, strict=True)
     except ValidationError as exc:
         raise SchemaError(describe(exc, f"{kind} body")) from None
+    # ``kind`` has a default so that writers need not repeat it; a stored body must state it.
+    if stored and "kind" not in body.model_fields_set:
+        raise SchemaError(f"{kind} body: kind: Field required")
+    return body
 
 
 def envelope_json(envelope: Envelope | dict[str, Any]) -> bytes:
@@ -447,7 +525,7 @@ def _sealed_head(line: bytes) -> tuple[EntryHead, bytes] | None:
     if end < 0:
         return None
     body = line[len(_SEALED_HEAD) : end]
-    if body.translate(None, _BASE64_ALPHABET):
+    if body.translate(None, _BASE64_ALPHABET) or not is_canonical_b64(body):
         return None
     m = _SEALED_TAIL.fullmatch(line, end + 1)
     if m is None:
@@ -503,9 +581,11 @@ def parse_entry(line: bytes) -> Entry:
     if (entry.kind in CLEAR_KINDS) != isinstance(entry.body, dict):
         raise SchemaError(f"entry: body of {entry.kind} must be {_body_shape(entry.kind)}")
     if isinstance(entry.body, str) and (
-        not entry.body.isascii() or entry.body.encode().translate(None, _BASE64_ALPHABET)
+        not entry.body.isascii()
+        or entry.body.encode().translate(None, _BASE64_ALPHABET)
+        or not is_canonical_b64(entry.body.encode())
     ):
-        raise SchemaError(f"entry seq {entry.seq}: body: a sealed body must be base64")
+        raise SchemaError(f"entry seq {entry.seq}: body: a sealed body must be canonical base64")
     value = entry.body if isinstance(entry.body, str) else entry.model_dump(mode="json")["body"]
     try:
         canonical = canonical_json(value)

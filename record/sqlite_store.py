@@ -25,6 +25,7 @@ from record.store import (
     PendingEntry,
     StoredCheckpoint,
     StoredEntry,
+    check_evidence_name,
 )
 
 _SCHEMA = """
@@ -139,6 +140,13 @@ class SQLiteStore(LogStore):
                 if seq is None:
                     seq = self._size(conn, pending.stream)
                 line, leaf = pending.build(seq)
+                if pending.evidence is not None:
+                    name, data = pending.evidence
+                    check_evidence_name(name)
+                    conn.execute(
+                        "INSERT INTO evidence (stream, name, data) VALUES (?, ?, ?)",
+                        (pending.stream, name, data),
+                    )
                 conn.execute(
                     "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (?, ?, ?, ?)",
                     (pending.stream, seq, line, leaf),
@@ -191,8 +199,7 @@ class SQLiteStore(LogStore):
         conn = self._writer
         if conn is None:
             raise PermissionError(f"store {self.path} was opened read-only")
-        if "/" in name or name.startswith(".") or not name:
-            raise ValueError(f"evidence name {name!r} must be a plain file name")
+        check_evidence_name(name)
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(

@@ -34,10 +34,21 @@ class StoredCheckpoint:
 
 @dataclass
 class PendingEntry:
-    """An entry waiting for its ``seq``: ``build(seq)`` returns ``(line, leaf_hash)``."""
+    """An entry waiting for its ``seq``: ``build(seq)`` returns ``(line, leaf_hash)``.
+
+    ``evidence``: the ``(name, data)`` of the file an ``evidence.archived`` entry names, kept
+    in the same transaction as the entry, so a crash never leaves a file no entry names (a
+    bundle would then fail with ``evidence_unlisted``) nor an entry naming no file."""
 
     stream: str
     build: Callable[[int], tuple[bytes, bytes]]
+    evidence: tuple[str, bytes] | None = None
+
+
+def check_evidence_name(name: str) -> None:
+    """A bundle writes each evidence file under ``evidence/`` by this name: a plain one."""
+    if "/" in name or name.startswith(".") or not name:
+        raise ValueError(f"evidence name {name!r} must be a plain file name")
 
 
 @dataclass

@@ -55,6 +55,8 @@ INCONSISTENT = frozenset(
         "root_mismatch",
         "checkpoint_invalid",
         "checkpoint_inconsistent",
+        "evidence_missing",  # a bundle's evidence files (docs/record.md §11); a file that
+        "evidence_unlisted",  # does not match its digest is a content problem, as a body's
     }
 )
 

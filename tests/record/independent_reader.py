@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import hashlib
 import hmac
 import json
@@ -122,10 +123,15 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def t_int(minimum: int | None = None) -> Check:
+MAX_INT = 2**53 - 1  # §1: every integer of the record lies within it
+
+
+def t_int(minimum: int = 0) -> Check:
+    """§1: every integer member is non-negative (at least ``minimum``) and at most 2^53 - 1."""
+
     def check(v: Any, where: str) -> None:
-        if not _is_int(v) or (minimum is not None and v < minimum):
-            raise Bad(f"{where} is not an integer" + (f" >= {minimum}" if minimum else ""))
+        if not _is_int(v) or not minimum <= v <= MAX_INT:
+            raise Bad(f"{where} is not an integer in [{minimum}, 2^53 - 1]")
 
     return check
 
@@ -195,8 +201,8 @@ def t_value(v: Any, where: str) -> None:
     pass
 
 
-def t_record(members: dict[str, Check], nullable: frozenset[str] = frozenset()) -> Check:
-    """An object with exactly ``members``; the ``nullable`` ones may also be left out (§5.2)."""
+def t_record(members: dict[str, Check], optional: frozenset[str] = frozenset()) -> Check:
+    """An object with exactly ``members``; the ``optional`` ones may be left out (§5.2)."""
 
     def check(v: Any, where: str) -> None:
         if not isinstance(v, dict):
@@ -206,7 +212,7 @@ def t_record(members: dict[str, Check], nullable: frozenset[str] = frozenset()) 
             raise Bad(f"{where}: unknown member(s) {sorted(extra)}")
         for name, inner in members.items():
             if name not in v:
-                if name in nullable:
+                if name in optional:
                     continue
                 raise Bad(f"{where}.{name} is missing")
             inner(v[name], f"{where}.{name}")
@@ -226,25 +232,56 @@ OUTCOME = t_enum("COMMITTED", "FAILED", "UNKNOWN")
 CLEAR_KINDS = ("stream.opened", "key.rotated")
 HPKE_SUITE = "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20Poly1305"
 
-_WRAPPED = t_record({"recipient": t_str, "sealed_key": t_bytes})
+
+def t_bytes_of(size: int) -> Check:
+    """§5.3: base64 of exactly ``size`` bytes."""
+
+    def check(v: Any, where: str) -> None:
+        if len(b64(v, where)) != size:
+            raise Bad(f"{where} is not base64 of {size} bytes")
+
+    return check
+
+
+def t_plain_name(v: Any, where: str) -> None:
+    """§5.4 ``evidence.archived.file``: non-empty, no ``/``, not starting with ``.``."""
+    if not isinstance(v, str) or not v or "/" in v or v.startswith("."):
+        raise Bad(f"{where} is not a plain file name")
+
+
+_WRAPPED = t_record({"recipient": t_bytes_of(32), "sealed_key": t_bytes_of(80)})
 _RETRIEVAL = t_record({"doc_id": t_str, "doc_version": t_str, "chunk_digest": DIGEST})
 _PROVIDER = t_record(
     {"name": t_str, "endpoint": t_str, "api_version": t_null_or(t_str)},
-    nullable=frozenset({"api_version"}),
+    optional=frozenset({"api_version"}),
 )
 
 
 def _body(members: dict[str, Check]) -> tuple[dict[str, Check], frozenset[str]]:
-    nullable = frozenset(name for name, check in members.items() if check in _NULLABLE)
-    return members, nullable
+    optional = {name for name, check in members.items() if check in _NULLABLE}
+    return members, frozenset(optional)
 
 
-_NULLABLE: set[Check] = set()
+_NULLABLE: set[Check] = set()  # the members that may be left out (§5.2)
+_DEFAULT: dict[Check, Any] = {}  # what each of them reads as when it is
 
 
 def _opt(inner: Check) -> Check:
+    """An "or null" member (§5.2): may be null or left out, which reads as null."""
     check = t_null_or(inner)
     _NULLABLE.add(check)
+    _DEFAULT[check] = None
+    return check
+
+
+def _defaulted(inner: Check, default: Any) -> Check:
+    """A member with a default (§5.2): may be left out (it reads as ``default``), never null."""
+
+    def check(v: Any, where: str) -> None:
+        inner(v, where)
+
+    _NULLABLE.add(check)
+    _DEFAULT[check] = default
     return check
 
 
@@ -254,11 +291,11 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
         {
             "origin": t_str,
             "log_key": t_str,
-            "aead": t_enum("chacha20-poly1305"),
-            "hpke_suite": t_enum(HPKE_SUITE),
+            "aead": _defaulted(t_enum("chacha20-poly1305"), "chacha20-poly1305"),
+            "hpke_suite": _defaulted(t_enum(HPKE_SUITE), HPKE_SUITE),
             "key_epoch": t_int(0),
             "recipients": t_list(_WRAPPED, 1),
-            "labels": t_map_of_str,
+            "labels": _defaulted(t_map_of_str, {}),
         }
     ),
     "key.rotated": _body({"key_epoch": t_int(1), "recipients": t_list(_WRAPPED, 1)}),
@@ -270,13 +307,13 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "request_bytes": t_bytes,
             "input_bytes": t_bytes,
             "prompt_bytes": t_bytes,
-            "retrieval": t_list(_RETRIEVAL),
+            "retrieval": _defaulted(t_list(_RETRIEVAL), []),
             "provider": _PROVIDER,
             "model_id": t_str,
             "params": t_object,
             "pins": _opt(t_object),
             "clock": _opt(t_str),
-            "clock_rule": _opt(t_str),
+            "clock_rule": _opt(t_enum("fold", "prepend")),
             "turn": _opt(t_int()),
             "step": _opt(t_int()),
         }
@@ -351,15 +388,33 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
     "turn.decided": _body(
         {"turn": t_int(0), "call_seq": t_int(0), "decision": t_enum("retry", "skip", "abort")}
     ),
-    "pins.set": _body({"pins": t_object, "cache_mode": t_enum("strict", "shared")}),
+    "pins.set": _body(
+        {"pins": t_object, "cache_mode": _defaulted(t_enum("strict", "shared"), "strict")}
+    ),
     "evidence.archived": _body(
         {
             "evidence_kind": t_enum("sev-snp", "tdx", "nvidia-h100"),
-            "file": t_str,
+            "file": t_plain_name,
             "evidence_digest": DIGEST,
         }
     ),
 }
+
+#: §5.2: kind -> {left-out member: what it reads as}.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    kind: {name: _DEFAULT[members[name]] for name in optional}
+    for kind, (members, optional) in BODY_SCHEMAS.items()
+}
+
+
+def with_defaults(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A valid ``body`` with every left-out member read as §5.2 says (``provider.api_version``
+    too): what a reader that left them out must see."""
+    out = copy.deepcopy(DEFAULTS[kind]) | body
+    if kind == "model.request":
+        out["provider"] = {"api_version": None} | out["provider"]
+    return out
+
 
 ENVELOPE: dict[str, Check] = {
     "schema_version": t_enum("1.0"),
@@ -392,6 +447,8 @@ def parse_line(line: bytes) -> tuple[dict[str, Any], Any]:
         raise Bad(f"body of {envelope['kind']} has the wrong shape")
     if not isinstance(body, dict | str):
         raise Bad("body is neither an object nor a string")
+    if isinstance(body, str):
+        b64(body, "sealed body")  # §4.4: canonical base64, checked without a key
     if line != b'{"body":' + jcs(body) + b"," + jcs(envelope)[1:]:  # §4.2
         raise Bad("line is not in canonical form")
     return envelope, body
@@ -688,7 +745,9 @@ def verify_bundle(
     except OSError:
         data = b""
         report.add("malformed_bundle", None, "entries.jsonl is missing")
-    if data and not data.endswith(b"\n"):
+    if not data:
+        report.add("malformed_bundle", None, "entries.jsonl holds no entry")
+    elif not data.endswith(b"\n"):
         report.add("malformed_bundle", None, "entries.jsonl: last line is cut short")
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
@@ -730,12 +789,22 @@ def verify_bundle(
     if entries and entries[0][0]["kind"] != "stream.opened":
         report.add("malformed_entry", entries[0][0]["seq"], "line 0 is not stream.opened")
     epoch = 0  # the epoch the next clear entry must bring: 0, 1, 2 …
+    opened_seen = False
     for envelope, body in entries:
         if envelope["kind"] not in CLEAR_KINDS:
             continue
-        brought = body.get("key_epoch")
+        second = envelope["kind"] == "stream.opened" and opened_seen
+        opened_seen |= envelope["kind"] == "stream.opened"
+        try:
+            check_body(envelope["kind"], body, "body")
+        except Bad:  # step 6 reports it; it still takes its epoch's place
+            epoch += 1
+            continue
+        brought = body["key_epoch"]
         if brought != epoch or envelope["key_epoch"] != epoch:
             report.add("malformed_entry", envelope["seq"], f"key epoch {brought}, not {epoch}")
+        if second:
+            report.add("malformed_entry", envelope["seq"], "a second stream.opened")
         epoch += 1
 
     # 6. Log key and the stream's origin.
@@ -750,16 +819,40 @@ def verify_bundle(
             vkey = parse_vkey(log_key)
         except Bad as exc:
             report.add("checkpoint_invalid", None, f"log key: {exc}")
-    origin: str | None = None
+    # The origin comes from the vkey and the stream name, never from the log (§10.4).
+    origin = f"{vkey.name}/{vkey.key_id.hex()}/{stream}" if vkey and stream else None
     opened = next(((e, b) for e, b in entries if e["kind"] == "stream.opened"), None)
-    if opened is not None:
+    for envelope, body in entries:  # every clear body, key or not [malformed_entry]
+        if envelope["kind"] not in CLEAR_KINDS:
+            continue
         try:
-            check_body("stream.opened", opened[1], "stream.opened body")
-            origin = opened[1]["origin"]
-            if log_key is not None and opened[1]["log_key"] != log_key:
-                report.add("checkpoint_invalid", opened[0]["seq"], "stream names another log key")
+            check_body(envelope["kind"], body, f"{envelope['kind']} body")
         except Bad as exc:
-            report.add("malformed_entry", opened[0]["seq"], str(exc))
+            report.add("malformed_entry", envelope["seq"], str(exc))
+            continue
+        if opened is not None and body is opened[1]:
+            if log_key is not None and body["log_key"] != log_key:
+                report.add("checkpoint_invalid", envelope["seq"], "stream names another log key")
+            elif origin is not None and body["origin"] != origin:
+                report.add("malformed_entry", envelope["seq"], "stream.opened names another origin")
+
+    # 1 (again). Evidence files against the index's list.
+    folder_names = (
+        sorted(p.name for p in (root / "evidence").iterdir())
+        if (root / "evidence").is_dir()
+        else []
+    )
+    listed = index.get("evidence") if isinstance(index, dict) else None
+    if listed is not None:
+        if not isinstance(listed, list) or not all(_plain(n) for n in listed):
+            report.add("malformed_bundle", None, "bundle.json: evidence is not plain file names")
+        else:
+            for name in listed:
+                if not (root / "evidence" / name).is_file():
+                    report.add("evidence_missing", None, f"listed evidence {name!r} is missing")
+            for name in folder_names:
+                if name not in listed:
+                    report.add("evidence_unlisted", None, f"evidence {name!r} is not listed")
 
     # 7. Checkpoints, 9. kept ones.
     folder = root / "checkpoints"
@@ -811,12 +904,20 @@ def verify_bundle(
         else:
             report.checkpoints.append(cp)
     report.uncovered = n - (anchor or 0)
-    if report.uncovered and not allow_unsigned_tail:
+    if report.uncovered and not (allow_unsigned_tail and anchor):  # nothing signed: never allowed
         report.add("unsigned_tail", anchor or 0, f"{report.uncovered} lines no checkpoint covers")
 
     if private_key_pem is not None:
-        _open_bodies(root, report, entries, private_key_pem)
+        _open_bodies(root, report, entries, private_key_pem, folder_names)
     return report
+
+
+def _plain(name: Any) -> bool:
+    try:
+        t_plain_name(name, "name")
+    except Bad:
+        return False
+    return True
 
 
 def _open_bodies(
@@ -824,6 +925,7 @@ def _open_bodies(
     report: Report,
     entries: list[tuple[dict[str, Any], Any]],
     private_key_pem: bytes,
+    folder_names: list[str],
 ) -> None:
     """§13: unwrap the data keys, open and check every body, then its digests."""
     private = private_key_from_pem(private_key_pem)
@@ -838,7 +940,7 @@ def _open_bodies(
         try:
             check_body(envelope["kind"], body, envelope["kind"])
         except Bad:
-            continue  # reported when the body is checked below
+            continue  # reported by §12 as malformed_entry; it brings no data key
         for wrapped in body["recipients"]:
             if wrapped["recipient"] != mine:
                 continue
@@ -854,8 +956,16 @@ def _open_bodies(
         return
 
     # 3. Bodies, 4. digests.
+    vouched: set[str] = set()
     for envelope, body in entries:
         seq, kind = envelope["seq"], envelope["kind"]
+        if kind in CLEAR_KINDS:
+            try:
+                check_body(kind, body, kind)
+            except Bad:
+                continue  # reported by §12 step 6 as malformed_entry, key or not
+            report.bodies[seq] = with_defaults(kind, body)
+            continue
         if isinstance(body, str):
             key = report.data_keys.get(envelope["key_epoch"])
             if key is None:
@@ -877,7 +987,7 @@ def _open_bodies(
         except Bad as exc:
             report.add("malformed_body", seq, str(exc))
             continue
-        report.bodies[seq] = body
+        report.bodies[seq] = body = with_defaults(kind, body)
         for data_name, digest_name, domain in DIGEST_PAIRS.get(kind, []):
             data, claimed = body.get(data_name), body.get(digest_name)
             if data is None and claimed is None:
@@ -888,11 +998,16 @@ def _open_bodies(
                 report.add("body_digest_mismatch", seq, f"{digest_name} does not match")
         if kind == "evidence.archived":
             name = body["file"]
+            vouched.add(name)
             file = root / "evidence" / name
-            if "/" in name or name.startswith(".") or not file.is_file():
-                report.add("body_digest_mismatch", seq, f"evidence file {name!r} is missing")
+            if not file.is_file():
+                report.add("evidence_missing", seq, f"evidence file {name!r} is missing")
             elif digest(DOMAIN["EVIDENCE"], file.read_bytes()) != body["evidence_digest"]:
-                report.add("body_digest_mismatch", seq, f"evidence file {name!r} differs")
+                report.add("evidence_digest_mismatch", seq, f"evidence file {name!r} differs")
+    opened_all = all(seq in report.bodies for seq in (e["seq"] for e, _ in entries))
+    for name in folder_names if opened_all else []:  # an unopened entry may vouch for it
+        if name not in vouched:
+            report.add("evidence_unlisted", None, f"evidence {name!r}: no entry vouches for it")
 
 
 # --- §15 the v1.0 record ------------------------------------------------------------------------

@@ -256,10 +256,11 @@ def test_key_epochs_count_up_by_one(written: Written) -> None:
 def test_a_second_stream_opened(written: Written) -> None:
     again = [_with_envelope(written, 0, seq=seq) for seq in (4, 5)]
     audit = written.check(written.rows([*written.lines, *again]))
+    # the k-th clear entry brings epoch k (docs/record.md §12 step 5)
     assert _of(audit, "malformed_entry") == [
         (4, "stream.opened brings key epoch 0 (envelope 0); expected 1"),
         (4, "a second stream.opened"),
-        (5, "stream.opened brings key epoch 0 (envelope 0); expected 1"),
+        (5, "stream.opened brings key epoch 0 (envelope 0); expected 2"),
         (5, "a second stream.opened"),
     ]
 
@@ -418,7 +419,7 @@ def test_audit_stream_passes_every_argument_on(written: Written) -> None:
     assert {p.code for p in problems} == {
         "leaf_mismatch",
         "checkpoint_inconsistent",
-        "body_digest_mismatch",
+        "evidence_digest_mismatch",
     }
     assert audit_stream("other", rows, [], stranger_key) != audit_stream(
         STREAM, rows, [], stranger_key
@@ -445,7 +446,7 @@ def test_bodies_that_do_not_open_or_are_not_valid(written: Written) -> None:
     assert seq == 2 and detail.startswith("seq 2: ")
     assert _of(audit, "body_digest_mismatch") == []
     # the entries after each of them are still opened and checked
-    assert _of(audit, "malformed_bundle") == [(3, "evidence/report.bin is missing")]
+    assert _of(audit, "evidence_missing") == [(3, "evidence/report.bin is missing")]
 
 
 def test_a_body_whose_digest_is_not_its_bytes(written: Written) -> None:
@@ -463,10 +464,10 @@ def test_a_body_whose_digest_is_not_its_bytes(written: Written) -> None:
 
 def test_archived_evidence_is_checked_against_its_digest(written: Written) -> None:
     audit = written.check(key=written.reader, evidence={}.get)
-    assert _problems(audit) == [("malformed_bundle", 3, "evidence/report.bin is missing")]
+    assert _problems(audit) == [("evidence_missing", 3, "evidence/report.bin is missing")]
     audit = written.check(key=written.reader, evidence={"report.bin": b"changed"}.get)
     assert _problems(audit) == [
-        ("body_digest_mismatch", 3, "evidence/report.bin does not match its evidence_digest")
+        ("evidence_digest_mismatch", 3, "evidence/report.bin does not match its evidence_digest")
     ]
 
 
@@ -673,7 +674,8 @@ def test_kept_checkpoints_are_routed_by_the_last_part_of_their_first_line(
 
 
 def test_a_clear_body_that_is_not_valid(written: Written) -> None:
-    """Named at its seq; the opening entries after it are still checked."""
+    """Named at its seq, once; it still takes epoch 0's place, and the opening entries after
+    it are still checked."""
     entry = json.loads(written.lines[0])
     del entry["body"]
     bad = entry_line(entry, {"key_epoch": "x"})[0]
@@ -682,7 +684,9 @@ def test_a_clear_body_that_is_not_valid(written: Written) -> None:
     problems = _of(audit, "malformed_entry")
     assert problems[0][0] == 0 and problems[0][1].startswith("stream.opened body: ")
     assert problems[1:] == [
-        (5, "stream.opened brings key epoch 0 (envelope 0); expected 1"),
+        (4, "stream.opened brings key epoch 0 (envelope 0); expected 1"),
+        (4, "a second stream.opened"),
+        (5, "stream.opened brings key epoch 0 (envelope 0); expected 2"),
         (5, "a second stream.opened"),
     ]
 

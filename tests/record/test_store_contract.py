@@ -108,6 +108,30 @@ def test_evidence_is_kept_per_stream(store: LogStore) -> None:
         store.archive_evidence("s", "../escape", b"")
 
 
+def test_an_entrys_evidence_is_kept_with_it_or_not_at_all(store: LogStore) -> None:
+    """The file an ``evidence.archived`` entry names goes in with the entry: a batch that
+    fails after the file's insert leaves neither (a file no entry names would fail every
+    bundle of the stream as ``evidence_unlisted``)."""
+
+    def explode(seq: int) -> tuple[bytes, bytes]:
+        raise RuntimeError("build failed")
+
+    kept = pending("s")
+    kept.evidence = ("report.bin", b"\x00\xff")
+    with pytest.raises(RuntimeError, match="build failed"):
+        store.append([kept, PendingEntry("s", explode)])
+    assert store.evidence("s") == [] and store.size("s") == 0
+
+    stored, _ = store.append([kept])
+    assert stored[0].seq == 0
+    assert store.evidence("s") == [("report.bin", b"\x00\xff")]
+    bad = pending("s")
+    bad.evidence = ("../escape", b"")
+    with pytest.raises(ValueError, match="plain file name"):
+        store.append([pending("s"), bad])
+    assert store.size("s") == 1  # the batch with it is refused whole
+
+
 def test_readers_see_only_committed_batches_while_a_write_is_open(store: LogStore) -> None:
     store.append([pending("s")])
     inside = threading.Event()
