@@ -4,8 +4,8 @@ They need the base install only (``cryptography``, ``pydantic``, ``typer``): no 
 proxy. ``verify`` checks one piece of evidence against its certificates (and collateral),
 optionally a policy and a signed published-measurements file, and prints one line per check
 and the verdict; ``bind-check`` checks that an exported bundle's evidence vouches for the
-key that signed its checkpoints. Exit codes: 0 accept, 1 reject, 2 usage, 3 an input file
-is missing. ``affidavit attest collect`` (inside the appliance) is added by the harness.
+key that signed its checkpoints; ``policy --show`` prints every policy default and why.
+Exit codes: 0 accept, 1 reject, 2 usage, 3 an input file (or AMD's CRL) is missing. ``affidavit attest collect`` (inside the appliance) is added by the harness.
 
 Both take ``--trusted-root FILE`` for SEV-SNP: the self-signed ARK certificate(s) in FILE
 replace AMD's pinned roots. It exists to rehearse the whole path with a test chain (the
@@ -18,20 +18,24 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
 from attestation.verdict import Check, EvidenceKind, Verdict
+
+if TYPE_CHECKING:
+    from attestation.nvidia_rim import Rim
 
 __all__ = [
     "TrustedRoots",
     "mark_trusted_roots",
     "parse_now",
     "read_evidence",
+    "read_rims",
     "read_trusted_roots",
     "register",
     "verify_evidence",
@@ -110,6 +114,26 @@ def read_trusted_roots(path: Path) -> TrustedRoots:
     return TrustedRoots(path, roots)
 
 
+def read_rims(paths: Sequence[Path]) -> list[Rim]:
+    """``--rim FILE …``: the RIM files, parsed (signatures are checked by the verifier).
+
+    Raises:
+        Missing: no such file.
+        RimError: a file that is not a RIM (not XML, a DTD, no Payload, …) or a second RIM of
+            one kind (driver, VBIOS), naming the file.
+    """
+    from attestation.nvidia_rim import RimError, parse_rim
+
+    rims: list[Rim] = []
+    for path in paths:
+        rim = parse_rim(_read(path), str(path))
+        same = next((r for r in rims if r.kind == rim.kind), None)
+        if same is not None:
+            raise RimError(f"{path}: a second {rim.kind} RIM (after {same.source}): give one")
+        rims.append(rim)
+    return rims
+
+
 def mark_trusted_roots(verdict: Verdict, trusted: TrustedRoots) -> Verdict:
     """Say, in the verdict itself, that ``trusted`` replaced AMD's pinned roots.
 
@@ -169,10 +193,14 @@ def verify_evidence(
     nonce: bytes | None = None,
     online: bool = False,
     trusted: TrustedRoots | None = None,
+    rims: Sequence[Rim] = (),
+    crl: bytes | None = None,
 ) -> Verdict:
     """Verify one piece of evidence with the verifier for its kind (``online``: also the
     steps that need the vendor's services: the GPU's RIMs and OCSP). ``trusted``
-    (SEV-SNP only) replaces AMD's pinned roots, and the verdict says so."""
+    (SEV-SNP only) replaces AMD's pinned roots, and the verdict says so. ``rims`` (NVIDIA
+    only): the RIM files the GPU's measurements are compared with. ``crl`` (SEV-SNP only):
+    AMD's CRL for the chain, DER or PEM."""
     if kind == "snp":
         from attestation.snp import verify_snp
 
@@ -180,8 +208,8 @@ def verify_evidence(
         if vek is None:
             raise CertsNeeded("no VCEK or VLEK among the certificates")
         if trusted is None:
-            return verify_snp(evidence, vek, chain, now=now)
-        verdict = verify_snp(evidence, vek, chain, now=now, trusted_roots=trusted.roots)
+            return verify_snp(evidence, vek, chain, now=now, crl=crl)
+        verdict = verify_snp(evidence, vek, chain, now=now, trusted_roots=trusted.roots, crl=crl)
         return mark_trusted_roots(verdict, trusted)
     if trusted is not None:
         raise ValueError("--trusted-root is for SEV-SNP evidence only")
@@ -193,7 +221,7 @@ def verify_evidence(
 
     if not certs:
         raise CertsNeeded("NVIDIA evidence needs its certificate chain")
-    return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce, online=online)
+    return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce, online=online, rims=rims)
 
 
 def _print(verdict: Verdict, as_json: bool) -> None:
@@ -243,6 +271,27 @@ def attest_verify(
             "(a test chain; the verdict says so)",
         ),
     ] = None,
+    rim: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--rim",
+            help="NVIDIA: a RIM file (.swidtag) to compare the measurements with (driver, "
+            "VBIOS; repeat the option)",
+        ),
+    ] = None,
+    crl: Annotated[
+        Path | None,
+        typer.Option("--crl", help="SEV-SNP: AMD's CRL for the chain (DER or PEM)"),
+    ] = None,
+    fetch_crl: Annotated[
+        bool,
+        typer.Option(
+            "--fetch-crl", help="SEV-SNP: fetch AMD's CRL for the VCEK's product from KDS"
+        ),
+    ] = False,
+    kds: Annotated[
+        str, typer.Option("--kds", help="the KDS base URL --fetch-crl asks")
+    ] = "https://kdsintf.amd.com",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Verify attestation evidence; one line per check, then the verdict."""
@@ -259,6 +308,12 @@ def attest_verify(
         raise typer.BadParameter(f"{kind!r}: snp, tdx or nvidia", param_hint="--kind")
     if trusted_root is not None and kind != "snp":
         raise typer.BadParameter("is for --kind snp only", param_hint="--trusted-root")
+    if rim and kind != "nvidia":
+        raise typer.BadParameter("is for --kind nvidia only", param_hint="--rim")
+    if (crl is not None or fetch_crl) and kind != "snp":
+        raise typer.BadParameter("is for --kind snp only", param_hint="--crl/--fetch-crl")
+    if crl is not None and fetch_crl:
+        raise typer.BadParameter("give --crl FILE or --fetch-crl, not both", param_hint="--crl")
     when = parse_now(now)
     try:
         expected = bytes.fromhex(nonce) if nonce is not None else None
@@ -274,6 +329,15 @@ def attest_verify(
             raise
         except ValueError as exc:  # a file that holds no ARK
             raise typer.BadParameter(str(exc), param_hint="--trusted-root") from None
+        try:
+            rims = read_rims(rim or [])
+        except Missing:
+            raise
+        except ValueError as exc:  # a file that is not a RIM, named
+            raise typer.BadParameter(str(exc), param_hint="--rim") from None
+        revocations = _read(crl) if crl is not None else None
+        if fetch_crl:
+            revocations = _fetch_crl(blobs, kds)
         rules = load_policy(policy) if policy is not None else Policy()
         if expected is not None and rules.nonce is None and kind != "nvidia":
             # the GPU verifier checks its nonce itself; for SNP and TDX it is report_data's tail
@@ -302,7 +366,9 @@ def attest_verify(
             now=when,
             nonce=expected,
             online=online,
+            rims=rims,
             trusted=trusted,
+            crl=revocations,
         )
     except CertsNeeded as exc:
         raise typer.BadParameter(str(exc), param_hint="--certs") from None
@@ -321,6 +387,74 @@ def attest_verify(
     raise typer.Exit(EXIT_ACCEPT if verdict.accepted else EXIT_REJECT)
 
 
+def _fetch_crl(blobs: list[bytes], kds: str) -> bytes:
+    """``--fetch-crl``: AMD's CRL for the product the VCEK/VLEK names, from ``kds``.
+
+    Raises:
+        Missing: KDS did not give it (no answer, not 200, not a CRL), naming the address.
+    """
+    import httpx
+
+    from attestation.amd_crl import CrlError
+    from attestation.amd_crl import fetch_crl as fetch
+    from attestation.snp import parse_vek
+
+    vek, _ = _split_certs(blobs)
+    product = parse_vek(vek).product if vek is not None else None
+    if product is None:
+        raise typer.BadParameter("no VCEK/VLEK naming its product", param_hint="--certs")
+    try:
+        with httpx.Client(timeout=30.0, trust_env=False) as client:
+            return fetch(product, client, base=kds)
+    except CrlError as exc:
+        raise Missing(f"AMD's CRL: {exc}") from None
+
+
+def attest_policy(
+    show: Annotated[
+        bool, typer.Option("--show", help="print every member, its value and why")
+    ] = False,
+    policy: Annotated[
+        Path | None, typer.Option(help="a policy file: show its values over the defaults")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Print the attestation policy: every member, its default (or the file's value), why."""
+    from attestation.policy import REASONS, Policy, PolicyError, load_policy
+
+    if not show:
+        raise typer.BadParameter("say --show", param_hint="--show")
+    defaults = Policy()
+    try:
+        rules = load_policy(policy) if policy is not None else defaults
+    except PolicyError as exc:
+        if policy is not None and not policy.is_file():
+            print(f"affidavit: missing: {policy} does not exist", file=sys.stderr)
+            raise typer.Exit(EXIT_MISSING) from None
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        raise typer.Exit(EXIT_USAGE) from None
+    values = rules.model_dump(mode="json")
+    base = defaults.model_dump(mode="json")
+    members = [
+        {
+            "name": name,
+            "value": values[name],
+            "default": base[name],
+            "from_file": name in rules.model_fields_set,
+            "why": REASONS.get(name, "(no reason stated)"),
+        }
+        for name in type(rules).model_fields
+    ]
+    if as_json:
+        doc = {"policy": values, "file": str(policy) if policy else None, "members": members}
+        print(json.dumps(doc, indent=2))
+        return
+    for member in members:
+        source = f"  (from {policy})" if member["from_file"] else ""
+        print(f"{member['name']} = {json.dumps(member['value'])}{source}")
+        print(f"    why: {member['why']}")
+
+
 def register(app: typer.Typer) -> typer.Typer:
     """Add ``attest`` (with ``verify`` and ``bind-check``) to ``app``; returns the sub-app so
     the harness can add ``collect``."""
@@ -333,5 +467,6 @@ def register(app: typer.Typer) -> typer.Typer:
     )
     attest.command("verify")(attest_verify)
     attest.command("bind-check")(bind_check.attest_bind_check)
+    attest.command("policy")(attest_policy)
     app.add_typer(attest)
     return attest

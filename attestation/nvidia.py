@@ -20,16 +20,19 @@ padding (tolerated, and reported in the facts); any other trailing byte is refus
 leaf certificate's key (SHA-384), the certificate chain up to NVIDIA's Device Identity CA
 (pinned by the SHA-256 of its SubjectPublicKeyInfo), every certificate's validity at the
 verification time, the nonce, and that the leaf's TCG DICE FWID equals the FWID the GPU
-reports in its opaque data. Comparing the measurements with NVIDIA's reference integrity
-manifests (RIMs) and OCSP revocation need NVIDIA's services: they are listed as not checked.
+reports in its opaque data. Given NVIDIA's reference integrity manifests (RIMs, the
+``--rim`` files; ``attestation.nvidia_rim``), it checks their signatures and compares every
+measurement index they hold active; without them the RIM checks are listed as not checked.
+OCSP revocation needs NVIDIA's service: it is listed as not checked.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
@@ -40,6 +43,9 @@ from cryptography.x509.oid import ExtensionOID, NameOID
 
 from attestation.certs import load_certs, spki_sha256
 from attestation.verdict import Verdict
+
+if TYPE_CHECKING:
+    from attestation.nvidia_rim import Rim
 
 __all__ = [
     "NVIDIA_DEVICE_ROOT_SPKI_SHA256",
@@ -656,25 +662,42 @@ def _check_fwid(verdict: Verdict, ev: NvidiaEvidence, leaf: x509.Certificate | N
         )
 
 
-def _online_checks(verdict: Verdict, online: bool) -> None:
+def _rim_checks(verdict: Verdict, ev: NvidiaEvidence, rims: Sequence[Rim], now: datetime) -> None:
+    """The RIM checks from the given RIM files (``attestation.nvidia_rim``)."""
+    from attestation.nvidia_rim import check_rims  # lazily: it imports this module
+
+    facts = verdict.facts
+    check_rims(
+        verdict,
+        rims,
+        measurements={b.index: b.value for b in ev.response.blocks},
+        driver_version=facts.get("driver_version"),
+        vbios_version=facts.get("vbios_version"),
+        nvdec0_status=ev.response.opaque_value("NVDEC0_STATUS"),
+        now=now,
+    )
+
+
+def _online_checks(verdict: Verdict, online: bool, rims: bool) -> None:
     facts = verdict.facts
     if online:
         why = "online verification is not available in this build: no network"
-        for name in ("rim.driver", "rim.vbios", "ocsp"):
+        for name in (() if rims else ("rim.driver", "rim.vbios")) + ("ocsp",):
             verdict.add(name, None, why)
         return
-    verdict.add(
-        "rim.driver",
-        None,
-        f"not checked offline: the measurements were not compared with NVIDIA's driver RIM "
-        f"(driver {facts.get('driver_version', '?')}); --online would fetch and compare it",
-    )
-    verdict.add(
-        "rim.vbios",
-        None,
-        f"not checked offline: the measurements were not compared with NVIDIA's VBIOS RIM "
-        f"(VBIOS {facts.get('vbios_version', '?')}); --online would fetch and compare it",
-    )
+    if not rims:
+        verdict.add(
+            "rim.driver",
+            None,
+            f"not checked offline: the measurements were not compared with NVIDIA's driver "
+            f"RIM (driver {facts.get('driver_version', '?')}); --rim FILE compares them",
+        )
+        verdict.add(
+            "rim.vbios",
+            None,
+            f"not checked offline: the measurements were not compared with NVIDIA's VBIOS RIM "
+            f"(VBIOS {facts.get('vbios_version', '?')}); --rim FILE compares them",
+        )
     verdict.add(
         "ocsp",
         None,
@@ -691,15 +714,18 @@ def verify_nvidia(
     nonce: bytes | None = None,
     online: bool = False,
     trusted_root: bytes | None = None,
+    rims: Sequence[Rim] = (),
 ) -> Verdict:
     """Verify NVIDIA GPU SPDM evidence against its certificate chain (PEM, any order).
 
     Raises ``ValueError`` when the evidence does not parse (naming the field), ``now`` has
-    no time zone or ``trusted_root`` is not a certificate; everything else, unparseable
-    ``certs`` included, is a check in the returned verdict. ``trusted_root`` (a PEM or DER
-    certificate) replaces the pinned NVIDIA root, for tests; it may also complete a chain
-    given without its root. ``online`` is accepted, but this build has no network: the RIM
-    and OCSP checks are then listed as not checked, saying so.
+    no time zone, ``trusted_root`` is not a certificate or two RIMs of one kind are given;
+    everything else, unparseable ``certs`` included, is a check in the returned verdict.
+    ``trusted_root`` (a PEM or DER certificate) replaces the pinned NVIDIA device root, for
+    tests; it may also complete a chain given without its root. ``rims`` (parsed by
+    ``attestation.nvidia_rim.parse_rim``) are checked against NVIDIA's pinned RIM root and
+    compared at ``now``. ``online`` is accepted, but this build has no network: OCSP (and the
+    RIM checks, without ``rims``) are then listed as not checked, saying so.
     """
     if now.tzinfo is None:
         raise ValueError("now: a time without a time zone")
@@ -713,5 +739,7 @@ def verify_nvidia(
     verdict.checks.insert(0, verdict.checks.pop(before))
     _check_nonce(verdict, ev, nonce)
     _check_fwid(verdict, ev, leaf)
-    _online_checks(verdict, online)
+    if rims:
+        _rim_checks(verdict, ev, rims, now)
+    _online_checks(verdict, online, bool(rims))
     return verdict

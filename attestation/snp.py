@@ -14,9 +14,13 @@ it, at an explicit time ``now``, and returns a ``Verdict`` naming every check:
 - ``vek.hwid``               a VCEK's hwID equals CHIP_ID (a VLEK has none: not checked)
 - ``vek.product``            the certificate's product is the product of the pinned root
                              (and of the report's CPUID, version 3 and later)
+- ``chain.revocation``       AMD's CRL (``crl``, DER or PEM) is the ARK's, in force at ``now``,
+                             and lists neither the ASK/ASVK nor the VCEK/VLEK
+                             (``attestation.amd_crl``); without one, listed as not checked
 
-This module never reads the clock, never fetches from AMD's KDS, and never judges policy
-(debug, VMPL, minimum TCB, measurement): ``attestation.policy`` reads the facts for that.
+This module never reads the clock, never fetches from AMD's KDS (a CRL is passed in), and
+never judges policy (debug, VMPL, ABI, minimum TCB, measurement): ``attestation.policy``
+reads the facts for that.
 
 Here too: reading AMD's extensions on a VCEK or VLEK certificate (``parse_vek``). The report's
 structure and its parser (``load_report``, ``SnpReport``, ``TcbVersion``) are
@@ -38,6 +42,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from cryptography.x509.oid import NameOID, SignatureAlgorithmOID
 
+from attestation.amd_crl import check_crl
 from attestation.amd_roots import AMD_ARK_SPKI_SHA256
 from attestation.certs import load_certs, spki_sha256
 from attestation.snp_report import (
@@ -233,6 +238,8 @@ class _Chain:
     vek: x509.Certificate | None = None
     info: VekInfo | None = None
     root_product: str | None = None
+    ark: x509.Certificate | None = None
+    ask: x509.Certificate | None = None
 
 
 def _check_chain(
@@ -286,10 +293,12 @@ def _check_chain(
             f"({', '.join(sorted(roots)) or 'none given'})",
         )
 
+    found.ark = ark
     others = [c for c in chain if c is not ark and c.subject != c.issuer]
     ask = next((c for c in others if c.subject == vek.issuer), None)
     if ask is None and ark is not None:
         ask = next((c for c in others if c.issuer == ark.subject), None)
+    found.ask = ask
     if ask is None:
         verdict.add("chain.ask_by_ark", False, "the chain holds no ASK or ASVK")
         verdict.add("chain.vek_by_ask", False, f"no ASK/ASVK to check {_cn(vek)} with")
@@ -459,6 +468,10 @@ def _facts(report: SnpReport) -> dict[str, Any]:
         "policy": f"{report.policy:#x}",
         "debug": report.debug,
         "migrate_ma": report.migrate_ma,
+        "abi": f"{report.abi_major}.{report.abi_minor}",
+        "smt_allowed": report.smt_allowed,
+        "smt_enabled": report.smt_enabled,
+        "single_socket": report.single_socket,
         "vmpl": report.vmpl,
         "guest_svn": report.guest_svn,
         "reported_tcb": report.reported_tcb.as_dict(),
@@ -489,6 +502,13 @@ def _facts(report: SnpReport) -> dict[str, Any]:
     return facts
 
 
+def _check_revocation(verdict: Verdict, found: _Chain, crl: bytes | None, now: datetime) -> None:
+    below = [(role, cert) for role, cert in (("ASK", found.ask), ("VEK", found.vek)) if cert]
+    if found.info is not None:
+        below = [(role if role == "ASK" else found.info.kind.upper(), cert) for role, cert in below]
+    check_crl(verdict, crl, ark=found.ark, below=below, now=now)
+
+
 def _need_aware(now: datetime) -> None:
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be a timezone-aware datetime (the verification time)")
@@ -500,15 +520,18 @@ def verify_snp_chain(
     *,
     now: datetime,
     trusted_roots: Mapping[str, str] | None = None,
+    crl: bytes | None = None,
 ) -> Verdict:
     """Check only ARK → ASK/ASVK → VCEK/VLEK at ``now`` (no report): the chain.* checks.
 
     ``trusted_roots`` maps a product name to the SHA-256 (hex) of its ARK's
-    SubjectPublicKeyInfo; by default AMD's pinned Milan, Genoa and Turin ARKs.
+    SubjectPublicKeyInfo; by default AMD's pinned Milan, Genoa and Turin ARKs. ``crl``:
+    AMD's CRL for the product (DER or PEM), checked as in ``verify_snp``.
     """
     _need_aware(now)
     verdict = Verdict("snp")
     found = _check_chain(verdict, vek, chain, now, _roots(trusted_roots))
+    _check_revocation(verdict, found, crl, now)
     _check_product(verdict, found, None)
     return verdict
 
@@ -524,13 +547,16 @@ def verify_snp(
     *,
     now: datetime,
     trusted_roots: Mapping[str, str] | None = None,
+    crl: bytes | None = None,
 ) -> Verdict:
     """Verify an SEV-SNP report with its VCEK/VLEK (DER or PEM) and the AMD chain (PEM).
 
     ``chain`` holds the ASK or ASVK and the ARK, in any order (extra certificates are
     ignored). ``now`` is the verification time for every certificate's validity; it is
     required, and must be timezone-aware. ``trusted_roots`` maps a product name to the
-    SHA-256 (hex) of its ARK's SubjectPublicKeyInfo (default: AMD's pinned ARKs).
+    SHA-256 (hex) of its ARK's SubjectPublicKeyInfo (default: AMD's pinned ARKs). ``crl``
+    is AMD's CRL for the product (DER or PEM; ``chain.revocation``); without it revocation
+    is listed as not checked.
 
     Evidence that does not parse is a rejection (a failed ``report.parse`` check), not an
     exception. Raises ``ValueError`` only for a naive ``now``.
@@ -543,6 +569,7 @@ def verify_snp(
         verdict.add("report.parse", False, str(exc))
         raw = None
     found = _check_chain(verdict, vek, chain, now, _roots(trusted_roots))
+    _check_revocation(verdict, found, crl, now)
     if raw is None:
         _check_product(verdict, found, None)
         return verdict

@@ -41,6 +41,9 @@ POLICY_MIGRATE_MA = 1 << 18
 POLICY_DEBUG = 1 << 19
 POLICY_SINGLE_SOCKET = 1 << 20
 
+# PLATFORM_INFO bits (ABI Table 23, 0x040)
+PLATFORM_SMT_EN = 1 << 0  # SMT is enabled on the host
+
 # SIGNING_KEY (bits 4:2 of the word at 0x48)
 SIGNING_KEY_VCEK, SIGNING_KEY_VLEK, SIGNING_KEY_NONE = 0, 1, 7
 
@@ -165,6 +168,12 @@ class SnpReport:
     @property
     def single_socket(self) -> bool:
         return bool(self.policy & POLICY_SINGLE_SOCKET)
+
+    @property
+    def smt_enabled(self) -> bool:
+        """PLATFORM_INFO bit 0: SMT is on in the host (the guest policy's SMT bit only
+        permits it)."""
+        return bool(self.platform_info & PLATFORM_SMT_EN)
 
     @property
     def abi_major(self) -> int:

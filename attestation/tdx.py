@@ -47,7 +47,7 @@ from attestation.tdx_certs import (
     _p256_verify,
     _pick_leaf,
 )
-from attestation.tdx_collateral import _collateral_members, _CollateralChecks, _load_signed
+from attestation.tdx_collateral import _collateral_members, _CollateralChecks
 from attestation.tdx_quote import (
     CERT_PCK_CHAIN,
     EnclaveReport,
@@ -333,20 +333,8 @@ class _Verifier(_CollateralChecks, _TcbChecks):
     def check_collateral(self, collateral: Mapping[str, Any] | bytes | str) -> None:
         members = _collateral_members(collateral)
         window: list[tuple[datetime, datetime, str]] = []
-        tcb = _load_signed(members, "tcb_info", "tcbInfo")
-        qe = _load_signed(members, "qe_identity", "enclaveIdentity")
-        self.check_signed(tcb, window)
-        self.check_signed(qe, window)
-        self.signers_seen = [c for s in (tcb, qe) for c in (s.chain or []) if c.subject != c.issuer]
-        pck_ca = (
-            self.pck_chain.path[1:2] if self.pck_chain is not None and self.pck_chain.ok else []
-        )
-        self.check_crls(members, pck_ca, window)
-        qe_status = self.check_qe_identity(qe)
-        why = tcb.parse_problem or tcb.problem or "no readable tcbInfo"
-        platform_ok = self.check_platform(tcb.doc, why)
-        module = self.check_tdx_module(tcb.doc)
-        self.check_tcb_level(tcb, module, qe_status, platform_ok)
+        tcb, qe = self.check_authenticity(members, window)
+        self.check_tcb(tcb, qe)
         if window:
             self.facts["collateral_valid_from"] = _iso(max(w[0] for w in window))
             self.facts["collateral_valid_until"] = _iso(min(w[1] for w in window))
@@ -368,7 +356,8 @@ def verify_tdx(
     s; taken from a PCS response when absent), ``tcb_info_issuer_chain`` and
     ``qe_identity_issuer_chain`` (PEM), and optionally ``root_ca_crl`` and ``pck_crl`` (hex
     DER, DER or PEM) with ``pck_crl_issuer_chain``. Without it, the collateral and TCB checks
-    are listed as not checked.
+    are listed as not checked, and the default policy refuses the quote
+    (``policy.quote_level``) unless it says ``allow_quote_level``.
 
     ``trusted_root`` (a PEM or DER certificate) replaces the pinned Intel SGX Root CA, for
     tests. Raises ``ValueError`` when the quote does not parse (naming the field), ``now`` has

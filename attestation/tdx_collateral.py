@@ -83,13 +83,6 @@ def _exact_member(text: str, key: str) -> str | None:
     return None
 
 
-def _json(text: str, name: str) -> Any:
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise _Bad(f"{name} is not JSON: {exc}") from None
-
-
 def _text(value: Any, name: str) -> str:
     if isinstance(value, bytes | bytearray):
         try:
@@ -199,7 +192,8 @@ def _load_signed(members: Mapping[str, Any], name: str, member: str) -> _Signed:
         inner = _exact_member(text, member)
         if inner is not None:
             sig = _exact_member(text, "signature")
-            embedded_signature = _json(sig, f"{name}'s signature") if sig is not None else None
+            # the decoder has just read exactly this text as one JSON value
+            embedded_signature = json.loads(sig) if sig is not None else None
             text = inner
         signed.text = text
         sig_value = members.get(f"{name}_signature", embedded_signature)
@@ -239,12 +233,12 @@ def _collateral_members(collateral: Mapping[str, Any] | bytes | str) -> Mapping[
     raise ValueError(f"collateral: a {type(collateral).__name__}, not a mapping or JSON")
 
 
-def _get(doc: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+def _get(doc: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     if key not in doc:
         raise _Bad(f"{where} has no {key}")
     value = doc[key]
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise _Bad(f"{where}.{key} is not a {getattr(kind, '__name__', kind)}")
+        raise _Bad(f"{where}.{key} is not a {kind.__name__}")
     return value
 
 
@@ -284,6 +278,22 @@ class _CollateralChecks:
     pck_leaf: x509.Certificate | None
     signers_seen: list[x509.Certificate]
     add: Callable[[str, bool | None, str], None]
+
+    def check_authenticity(
+        self, members: Mapping[str, Any], window: list[tuple[datetime, datetime, str]]
+    ) -> tuple[_Signed, _Signed]:
+        """The TCB info and QE identity (read, signature, chain, validity), the CRLs and the
+        PCK chain's revocation: whether the collateral is Intel's and current."""
+        tcb = _load_signed(members, "tcb_info", "tcbInfo")
+        qe = _load_signed(members, "qe_identity", "enclaveIdentity")
+        self.check_signed(tcb, window)
+        self.check_signed(qe, window)
+        self.signers_seen = [c for s in (tcb, qe) for c in (s.chain or []) if c.subject != c.issuer]
+        pck_ca = (
+            self.pck_chain.path[1:2] if self.pck_chain is not None and self.pck_chain.ok else []
+        )
+        self.check_crls(members, pck_ca, window)
+        return tcb, qe
 
     def check_signed(self, signed: _Signed, window: list[tuple[datetime, datetime, str]]) -> None:
         prefix = f"collateral.{signed.name}"
@@ -482,5 +492,5 @@ class _CollateralChecks:
             not revoked,
             ("not revoked: " + ", ".join(dict.fromkeys(looked)) + missing)
             if not revoked
-            else "revoked: " + ", ".join(revoked),
+            else "revoked: " + ", ".join(dict.fromkeys(revoked)),
         )

@@ -50,6 +50,48 @@ class FakeAmd:
     vek: bytes  # DER
     chain: bytes  # PEM: ASK then ARK
     roots: dict[str, str]
+    ark_key: rsa.RSAPrivateKey | None = None  # signs the CRLs (``amd_crl``)
+
+    @property
+    def ark(self) -> bytes:
+        """The ARK alone (PEM): what ``--trusted-root`` takes."""
+        return self.chain[self.chain.index(b"-----BEGIN", 1) :]
+
+    def crl(
+        self,
+        *,
+        revoked: tuple[int, ...] = (),
+        this_update: datetime = datetime(2025, 5, 1, tzinfo=UTC),
+        next_update: datetime = datetime(2025, 7, 1, tzinfo=UTC),
+        signer: rsa.RSAPrivateKey | None = None,
+        issuer: str | None = None,
+        pem: bool = False,
+    ) -> bytes:
+        """A CRL shaped like AMD's (issued and RSA-PSS-signed by the ARK) listing ``revoked``
+        serials; ``signer`` or ``issuer`` another key or name, for the negative tests."""
+        assert self.ark_key is not None
+        ark = x509.load_pem_x509_certificate(self.ark)
+        builder = (
+            x509.CertificateRevocationListBuilder()
+            .issuer_name(_name(issuer) if issuer else ark.subject)
+            .last_update(this_update)
+            .next_update(next_update)
+        )
+        for serial in revoked:
+            builder = builder.add_revoked_certificate(
+                x509.RevokedCertificateBuilder()
+                .serial_number(serial)
+                .revocation_date(this_update)
+                .build()
+            )
+        crl = builder.sign(signer or self.ark_key, hashes.SHA384(), rsa_padding=_PSS)
+        return crl.public_bytes(Encoding.PEM if pem else Encoding.DER)
+
+    def serial(self, which: str) -> int:
+        """The serial number of the ``ask`` or the ``vek``."""
+        if which == "vek":
+            return x509.load_der_x509_certificate(self.vek).serial_number
+        return x509.load_pem_x509_certificates(self.chain)[0].serial_number
 
 
 def fake_amd(
@@ -148,6 +190,7 @@ def fake_amd(
         vek=vek.public_bytes(Encoding.DER),
         chain=ask.public_bytes(Encoding.PEM) + ark.public_bytes(Encoding.PEM),
         roots={product: spki_sha256(ark)},
+        ark_key=ark_key,
     )
 
 
@@ -162,32 +205,46 @@ def v5_report(
     cpuid_family: int = 0x1A,
     measurement: bytes = bytes(range(100, 148)),
     report_data: bytes = bytes(range(64)),
-    policy: int = 0x30000 | (1 << 19),
+    policy: int = 0x30000,
     chip_id: bytes = CHIP_ID,
+    vmpl: int = 0,
+    platform_info: int = 0x25,
+    host_data: bytes = b"H" * 32,
+    id_key_digest: bytes = b"K" * 48,
+    author_key_digest: bytes = b"A" * 48,
+    firmware: tuple[int, int, int] = (1, 55, 21),
+    tcbs: dict[str, bytes] | None = None,
 ) -> bytes:
     """A synthetic version-5 report (a test double): each field a recognisable value, or the
-    measurement, report_data and CHIP_ID given."""
+    one given. Its defaults are what the appliance's own report holds: guest policy 0x30000
+    (not debug, no migration agent, ABI 0.0), VMPL 0 (direct boot), firmware 1.55.21.
+    ``tcbs`` replaces a TCB_VERSION (``reported``, ``current``, ``committed``, ``launch``) by
+    its 8 bytes, Turin layout."""
     r = bytearray(REPORT_SIZE)
     struct.pack_into("<IIQ", r, 0x000, 5, 7, policy)  # version, guest_svn, policy
     r[0x010:0x020] = b"F" * 16  # family_id
     r[0x020:0x030] = b"I" * 16  # image_id
-    struct.pack_into("<II", r, 0x030, 2, 1)  # vmpl, signature_algo
+    struct.pack_into("<II", r, 0x030, vmpl, 1)  # vmpl, signature_algo
     tcb = bytes([1, 2, 3, 4, 0, 0, 0, 0x55])  # Turin layout
     r[0x038:0x040] = bytes([1, 2, 3, 4, 0, 0, 0, 0x66])  # current_tcb
-    struct.pack_into("<QI", r, 0x040, 0x25, 0b00001)  # platform_info, signer_info (VCEK)
+    struct.pack_into("<QI", r, 0x040, platform_info, 0b00001)  # signer_info: VCEK
     r[0x050:0x090] = report_data
     r[0x090:0x0C0] = measurement
-    r[0x0C0:0x0E0] = b"H" * 32  # host_data
-    r[0x0E0:0x110] = b"K" * 48  # id_key_digest
-    r[0x110:0x140] = b"A" * 48  # author_key_digest
+    r[0x0C0:0x0E0] = host_data
+    r[0x0E0:0x110] = id_key_digest
+    r[0x110:0x140] = author_key_digest
     r[0x140:0x160] = b"R" * 32  # report_id
     r[0x160:0x180] = b"M" * 32  # report_id_ma
     r[0x180:0x188] = tcb  # reported_tcb
     r[0x188:0x18B] = bytes([cpuid_family, 0x02, 0x01])  # cpuid fam, model, stepping
     r[0x1A0:0x1E0] = chip_id
     r[0x1E0:0x1E8] = bytes([1, 2, 3, 4, 0, 0, 0, 0x60])  # committed_tcb
-    r[0x1E8:0x1F0] = bytes([21, 55, 1, 0, 20, 55, 1, 0])  # current b/m/M, committed b/m/M
+    major, minor, build = firmware
+    r[0x1E8:0x1F0] = bytes([build, minor, major, 0, 20, 55, 1, 0])  # current, committed b/m/M
     r[0x1F0:0x1F8] = bytes([1, 2, 3, 4, 0, 0, 0, 0x50])  # launch_tcb
+    offsets = {"current": 0x038, "reported": 0x180, "committed": 0x1E0, "launch": 0x1F0}
+    for which, raw in (tcbs or {}).items():
+        r[offsets[which] : offsets[which] + 8] = raw
     struct.pack_into("<QQ", r, 0x1F8, 0x1122334455667788, 0x99AABBCCDDEEFF00)  # mit vectors
     der = key.sign(bytes(r[:SIGNED_SIZE]), ec.ECDSA(hashes.SHA384()))
     sig_r, sig_s = decode_dss_signature(der)

@@ -73,7 +73,7 @@ def test_verify_prints_each_check_and_accepts_genuine_gpu_evidence(
     assert any(line.startswith("ok   nonce") for line in out)
     assert any(line.startswith("skip rim.driver") for line in out)  # offline: said, not passed
     assert out[-1].startswith("verdict: accept") and "not checked" in out[-1]
-    assert main(_verify(nv, "--json")) == 0
+    assert main(_verify(nv, "--nonce", NONCE, "--json")) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["verdict"] == "accept" and doc["kind"] == "nvidia"
     assert {"name", "ok", "detail"} <= set(doc["checks"][0])
@@ -100,7 +100,8 @@ def test_verify_against_a_signed_published_file(
     nv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, pub, _ = _published(tmp_path, driver_versions=["550.90.07"])
-    assert main(_verify(nv, "--published", str(path), "--release-key", str(pub))) == 0
+    fresh = ("--nonce", NONCE)  # without one, the default policy refuses GPU evidence
+    assert main(_verify(nv, *fresh, "--published", str(path), "--release-key", str(pub))) == 0
     out = capsys.readouterr().out
     assert "ok   published.signature" in out and "ok   published.nvidia" in out
     (tmp_path / "other").mkdir()
@@ -195,7 +196,11 @@ def test_verify_snp_and_tdx_vectors_from_the_cli(capsys: pytest.CaptureFixture[s
             "--now", "2025-06-01T00:00:00Z"]  # fmt: skip
     assert main(args) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert [x.split(":")[0] for x in lines if x.startswith("FAIL")] == ["FAIL policy.debug"]
+    # and its firmware (1.49.3, SNP SVN 5) is older than the Milan floor
+    assert [x.split(":")[0] for x in lines if x.startswith("FAIL")] == [
+        "FAIL policy.debug", "FAIL policy.min_tcb", "FAIL policy.min_committed_tcb",
+        "FAIL policy.min_launch_tcb",
+    ]  # fmt: skip
     quote = tdx / "tdx_quote"
     args = ["attest", "verify", "--kind", "tdx", "--evidence", str(quote),
             "--collateral", str(tdx / "tdx_quote_collateral.json"),
@@ -208,6 +213,6 @@ def test_verify_snp_and_tdx_vectors_from_the_cli(capsys: pytest.CaptureFixture[s
 def test_online_says_what_it_could_not_do_here(
     nv: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(_verify(nv, "--online", "--json")) == 0
+    assert main(_verify(nv, "--nonce", NONCE, "--online", "--json")) == 0
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["ocsp"]["ok"] is None and "no network" in checks["ocsp"]["detail"]

@@ -252,7 +252,8 @@ def test_offline_verdicts_list_rim_and_ocsp_as_not_checked() -> None:
     for name in ("rim.driver", "rim.vbios", "ocsp"):
         assert name in skipped
         assert "not checked" in skipped[name]
-        assert "--online" in skipped[name]
+    assert "--rim FILE" in skipped["rim.driver"] and "--rim FILE" in skipped["rim.vbios"]
+    assert "--online" in skipped["ocsp"]
     assert "550.90.07" in skipped["rim.driver"]
     online = _verify(*NV01, online=True)
     for name in ("rim.driver", "rim.vbios", "ocsp"):
@@ -770,12 +771,12 @@ def test_generated_facts_and_every_check_word_for_word(
         "rim.driver": (
             None,
             "not checked offline: the measurements were not compared with NVIDIA's driver "
-            "RIM (driver 550.90.07); --online would fetch and compare it",
+            "RIM (driver 550.90.07); --rim FILE compares them",
         ),
         "rim.vbios": (
             None,
             "not checked offline: the measurements were not compared with NVIDIA's VBIOS "
-            "RIM (VBIOS 96.00.9F.00.01); --online would fetch and compare it",
+            "RIM (VBIOS 96.00.9F.00.01); --rim FILE compares them",
         ),
         "ocsp": (
             None,
@@ -925,8 +926,8 @@ def test_inconsistent_lengths_and_versions_are_named(
         f"zero padding (a non-zero byte at offset {len(evidence) + 1})"
     )
     bare = verify_nvidia(_evidence(key, opaque=_tlv(20, FWID)), chain, now=NOW, trusted_root=root)
-    assert "(driver ?); --online" in _details(bare)["rim.driver"][1]
-    assert "(VBIOS ?); --online" in _details(bare)["rim.vbios"][1]
+    assert "(driver ?); --rim FILE" in _details(bare)["rim.driver"][1]
+    assert "(VBIOS ?); --rim FILE" in _details(bare)["rim.vbios"][1]
 
 
 # --------------------------------------------------------------------------- every word
@@ -1207,3 +1208,78 @@ def test_a_certificate_without_a_common_name_is_named_by_its_subject() -> None:
         True,
         "Test Leaf → O=Test Org: each certificate signed by the next, ending at a self-signed root",
     )
+
+
+# --------------------------------------------------------------------------- nonce by default
+
+NV01_NONCE = "931d8dd0add203ac3d8b4fbde75e115278eefcdceac5b87671a748f32364dfcb"
+
+
+def _cli(*extra: str) -> list[str]:
+    return [
+        "attest", "verify", "--kind", "nvidia",
+        "--evidence", str(NV / NV01[0]), "--certs", str(NV / NV01[1]),
+        "--now", "2025-01-01T00:00:00Z", *extra,
+    ]  # fmt: skip
+
+
+def test_the_manifest_names_nv01s_nonce(manifest: dict[str, Any]) -> None:
+    expected = _cases(manifest)["nv-01-nvtrust-h100"]["expected"]
+    assert f"nonce must equal {NV01_NONCE}" in expected
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_the_default_policy_refuses_gpu_evidence_checked_against_no_nonce() -> None:
+    from attestation.policy import Policy, apply_policy
+
+    verdict = apply_policy(_verify(*NV01), Policy())
+    assert not verdict.accepted
+    assert [c.name for c in verdict.failed] == ["policy.nonce"]
+    assert "no nonce was given" in _check(verdict, "policy.nonce").detail
+    assert Policy().require_nonce is True
+    fresh = apply_policy(_verify(*NV01, nonce=bytes.fromhex(NV01_NONCE)), Policy())
+    assert fresh.accepted, [c.line() for c in fresh.failed]
+    assert "policy.nonce" not in {c.name for c in fresh.checks}  # the verifier's check decided
+    by_policy = apply_policy(_verify(*NV01), Policy(nonce=NV01_NONCE))
+    assert by_policy.accepted and _check(by_policy, "policy.nonce").ok is True
+    wrong = apply_policy(_verify(*NV01), Policy(nonce="00" * 32))
+    assert [c.name for c in wrong.failed] == ["policy.nonce"]
+    waived = apply_policy(_verify(*NV01), Policy(require_nonce=False))
+    assert waived.accepted
+    assert _check(waived, "policy.nonce").ok is None
+    assert "require_nonce: false" in _check(waived, "policy.nonce").detail
+
+
+def test_the_nonce_rule_is_for_gpu_evidence_only() -> None:
+    from attestation.policy import Policy, apply_policy
+
+    for kind in ("snp", "tdx"):
+        verdict = apply_policy(Verdict(kind, facts={}), Policy())  # type: ignore[arg-type]
+        assert "policy.nonce" not in {c.name for c in verdict.checks}
+
+
+@pytest.mark.usefixtures("attestation_vectors")
+def test_the_command_refuses_nv01_without_a_nonce_and_accepts_it_with_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    assert main(_cli()) == 1
+    out = capsys.readouterr().out
+    assert "FAIL policy.nonce: no nonce was given" in out
+    assert out.splitlines()[-1].startswith("verdict: REJECT")
+    assert main(_cli("--nonce", NV01_NONCE)) == 0
+    assert "ok   nonce: the request's nonce is the expected" in capsys.readouterr().out
+    assert main(_cli("--nonce", "00" * 32)) == 1
+    waiver = tmp_path / "no-nonce.json"
+    waiver.write_text('{"require_nonce": false}')
+    assert main(_cli("--policy", str(waiver))) == 0
+    assert "skip policy.nonce" in capsys.readouterr().out
+    pinned = tmp_path / "nonce.json"
+    pinned.write_text(json.dumps({"nonce": NV01_NONCE}))
+    assert main(_cli("--policy", str(pinned))) == 0
+    assert "ok   policy.nonce" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"require_nonce": "sometimes"}')
+    assert main(_cli("--policy", str(bad))) == 2
+    assert "require_nonce" in capsys.readouterr().err

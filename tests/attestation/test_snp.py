@@ -448,13 +448,13 @@ def fake_turin() -> FakeAmd:
 
 def test_v5_fields_parse_at_their_offsets(fake_turin: FakeAmd) -> None:
     """A synthetic version-5 report (test double), checked field by field against ABI 1.58."""
-    report = load_report(v5_report(fake_turin.vek_key))
+    report = load_report(v5_report(fake_turin.vek_key, policy=0xB0000, vmpl=2))
     assert report.version == 5 and report.guest_svn == 7
     assert report.policy == 0xB0000 and report.debug and not report.migrate_ma
     assert report.smt_allowed and report.abi_major == 0 and report.abi_minor == 0
     assert (report.family_id, report.image_id) == (b"F" * 16, b"I" * 16)
     assert (report.vmpl, report.signature_algo) == (2, 1)
-    assert report.platform_info == 0x25
+    assert report.platform_info == 0x25 and report.smt_enabled
     assert report.author_key_en and not report.mask_chip_key and report.signing_key_kind == "vcek"
     assert report.report_data == bytes(range(64))
     assert report.measurement == bytes(range(100, 148))
@@ -496,7 +496,7 @@ def test_v5_report_verifies_with_a_test_chain(fake_turin: FakeAmd) -> None:
     )
     assert verdict.accepted, _explain(verdict)
     facts = verdict.facts
-    assert facts["version"] == 5 and facts["debug"] is True and facts["vmpl"] == 2
+    assert facts["version"] == 5 and facts["debug"] is False and facts["vmpl"] == 0
     assert facts["reported_tcb"] == TURIN_TCB
     assert facts["launch_mit_vector"] == "0x1122334455667788"
     assert facts["current_mit_vector"] == "0x99aabbccddeeff00"
@@ -693,6 +693,7 @@ def test_the_accepted_verdict_reads_in_full(fake_turin: FakeAmd) -> None:
         "ok   chain.vek_by_ask: SEV-VCEK is signed by SEV-Turin (RSA-PSS SHA-384, salt 48)",
         "ok   chain.validity: all 3 certificates are valid at 2025-06-01T00:00:00Z "
         "(SEV-VCEK until 2034-12-30T00:00:00Z)",
+        "skip chain.revocation: no CRL given (--crl): revocation was not checked",
         "ok   report_signature: ECDSA P-384 SHA-384 over bytes [0, 0x2A0) verifies with "
         "SEV-VCEK's key",
         "ok   vek.product: the certificate is for Turin, the root is AMD's Turin, "
@@ -707,10 +708,14 @@ def test_the_accepted_verdict_reads_in_full(fake_turin: FakeAmd) -> None:
         "measurement": bytes(range(100, 148)).hex(),
         "report_data": bytes(range(64)).hex(),
         "host_data": "48" * 32,
-        "policy": "0xb0000",
-        "debug": True,
+        "policy": "0x30000",
+        "debug": False,
         "migrate_ma": False,
-        "vmpl": 2,
+        "abi": "0.0",
+        "smt_allowed": True,
+        "smt_enabled": True,
+        "single_socket": False,
+        "vmpl": 0,
         "guest_svn": 7,
         "reported_tcb": {**tcb, "ucode": 0x55},
         "current_tcb": {**tcb, "ucode": 0x66},
@@ -841,6 +846,7 @@ def test_the_chain_alone_with_given_roots(fake_turin: FakeAmd) -> None:
         "chain.ask_by_ark",
         "chain.vek_by_ask",
         "chain.validity",
+        "chain.revocation",
         "vek.product",
     ]
     assert _check(verdict, "vek.product").detail == (

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from cryptography.x509.oid import NameOID
 
+from attestation.policy import Policy, apply_policy
 from attestation.tdx import (
     INTEL_SGX_ROOT_CA_SPKI_SHA256,
     converge_tcb_status,
@@ -117,6 +118,10 @@ def _verify(quote: str, collateral: str | None = None, **kwargs: Any) -> Verdict
 
 def _check(verdict: Verdict, name: str) -> Check:
     return next(c for c in verdict.checks if c.name == name)
+
+
+#: What the manifest's "quote-level ACCEPT" means: a policy that allows it, explicitly.
+QUOTE_LEVEL = Policy(allow_quote_level=True)
 
 
 def _made(verdict: Verdict) -> dict[str, bool | None]:
@@ -315,6 +320,8 @@ def test_tdx03_quote_accepted_in_2023_and_rejected_in_2053(
     verdict = _verify(TDX03[0], now=T03)
     _assert_quote_accepted(verdict)
     _assert_no_collateral(verdict)
+    held = apply_policy(_verify(TDX03[0], now=T03), QUOTE_LEVEL)
+    assert held.accepted, [c.line() for c in held.failed]
     facts = verdict.facts
     assert facts["fmspc"] == case["facts"]["fmspc"]
     assert facts["td_attributes"] == case["facts"]["td_attributes"].split()[0]
@@ -398,8 +405,13 @@ def test_quote_level_cases_accept(
     assert facts["debug"] is debug
     if "mrtd" in case["facts"]:
         assert facts["mrtd"] == case["facts"]["mrtd"]
+    # "quote-level ACCEPT" is under a policy that allows it explicitly
+    held = apply_policy(_verify(quote, now=now), QUOTE_LEVEL)
+    assert _check(held, "policy.quote_level").ok is True
+    assert [c.name for c in held.failed] == (["policy.debug"] if debug else [])
     if debug:
-        # tdx-05: genuine, but a debug TD; refusing it is the policy's job (attestation.policy).
+        # tdx-05: genuine, but a debug TD; the policy refuses it ("a production policy must
+        # REJECT"), quote-level or not.
         assert "DEBUG=1" in case["expected"]
         assert facts["td_attributes"] == "0100001000000000"
     # The PCK validity the manifest states.
@@ -407,6 +419,53 @@ def test_quote_level_cases_accept(
     if validity is not None:
         assert facts["pck_validity"]["not_before"].startswith(validity.group(1))
         assert facts["pck_validity"]["not_after"].startswith(validity.group(2))
+
+
+@pytest.mark.parametrize(
+    ("quote", "when"),
+    [
+        ("go-tdx-guest/tdx_prod_quote_SPR_E4.dat", "2023-07-01T01:00:00Z"),
+        ("go-tdx-guest/quote_v5_sample.dat", "2026-02-03T01:00:00Z"),
+        ("trustee/tdx_quote_5.dat", "2025-01-01T00:00:00Z"),
+        ("trustee/tdx_quote_6.dat", "2026-01-01T00:00:00Z"),
+    ],
+)
+@needs_vectors
+def test_a_quote_without_collateral_is_refused_by_the_default_policy(quote: str, when: str) -> None:
+    """The same genuine quotes, with no collateral and no policy saying quote-level is
+    enough: the default policy refuses them, naming the rule."""
+    verdict = apply_policy(
+        _verify(quote, now=datetime.fromisoformat(when.replace("Z", "+00:00"))), Policy()
+    )
+    assert not verdict.accepted
+    assert [c.name for c in verdict.failed] == ["policy.quote_level"]
+    detail = _check(verdict, "policy.quote_level").detail
+    assert "TCB status" in detail and "allow_quote_level" in detail
+    assert _check(verdict, "policy.tcb_status").ok is None
+
+
+@needs_vectors
+def test_with_collateral_the_quote_level_rule_is_not_needed() -> None:
+    verdict = apply_policy(_verify(*TDX01, now=T01), Policy())
+    assert verdict.accepted, [c.line() for c in verdict.failed]
+    assert "policy.quote_level" not in _made(verdict)
+
+
+@needs_vectors
+def test_the_cli_refuses_a_bare_quote_unless_the_policy_allows_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from harness.cli import main
+
+    args = ["attest", "verify", "--kind", "tdx", "--evidence", str(TDX / "trustee/tdx_quote_6.dat"),
+            "--now", "2026-01-01T00:00:00Z"]  # fmt: skip
+    assert main(args) == 1
+    assert "FAIL policy.quote_level" in capsys.readouterr().out
+    allow = tmp_path / "quote-level.json"
+    allow.write_text('{"allow_quote_level": true}')
+    assert main([*args, "--policy", str(allow)]) == 0
+    out = capsys.readouterr().out
+    assert "ok   policy.quote_level" in out and "verdict: accept" in out
 
 
 # --------------------------------------------------------------------------- tdx-neg-01
