@@ -41,10 +41,23 @@ def load_crl(data: bytes) -> x509.CertificateRevocationList:
     """A CRL from DER or PEM bytes; ``CrlError`` if it does not parse."""
     try:
         if b"-----BEGIN X509 CRL-----" in data:
-            return x509.load_pem_x509_crl(data)
-        return x509.load_der_x509_crl(data)
-    except ValueError as exc:
+            crl = x509.load_pem_x509_crl(data)
+        else:
+            crl = x509.load_der_x509_crl(data)
+        # ``cryptography`` reads these only when asked: read them now, so a malformed one is
+        # refused here as CrlError, not deep inside the check (found by fuzzing)
+        crl.issuer  # noqa: B018
+        crl.signature_algorithm_oid  # noqa: B018
+        crl.next_update_utc  # noqa: B018
+        crl.last_update_utc  # noqa: B018
+        for revoked in crl:
+            revoked.serial_number  # noqa: B018
+            revoked.revocation_date_utc  # noqa: B018
+    # neither InvalidVersion nor a name attribute of a type its OID does not take (TypeError)
+    # is a ValueError (fuzzing)
+    except (ValueError, TypeError, x509.InvalidVersion) as exc:
         raise CrlError(f"not a CRL (DER or PEM): {exc}") from None
+    return crl
 
 
 def crl_url(product: str, base: str = KDS_URL) -> str:

@@ -32,6 +32,7 @@ from typing import Literal
 import defusedxml.ElementTree as DET
 from cryptography import x509
 from defusedxml import DefusedXmlException
+from lxml.etree import LxmlError
 from signxml.exceptions import SignXMLException
 from signxml.verifier import SignatureConfiguration, VerifyResult, XMLVerifier
 
@@ -240,7 +241,7 @@ def verify_rim_signature(rim: Rim, now: datetime) -> RimSignature:
     try:
         # parse_rim refused any DTD; signxml's own parser does not resolve entities either
         result = XMLVerifier().verify(rim.raw, x509_cert=leaf, expect_config=config)
-    except (SignXMLException, ValueError) as exc:
+    except (SignXMLException, ValueError, LxmlError) as exc:  # lxml: its schema check (fuzzing)
         return RimSignature(False, f"{what}: the XML-DSig signature does not verify: {exc}", None)
     if not isinstance(result, VerifyResult):  # one reference expected, so never a list
         return RimSignature(False, f"{what}: the signature has more than one reference", None)

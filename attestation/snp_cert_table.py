@@ -17,8 +17,9 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
+
+from attestation.certs import load_certs
 
 __all__ = [
     "GUIDS",
@@ -80,7 +81,7 @@ def read_cert_table(table: bytes) -> list[TableCert]:
             )
         der = table[offset : offset + length]
         try:
-            x509.load_der_x509_certificate(der)
+            load_certs(der)  # AMD's VCEKs carry serial 0: read where that warning is silenced
         except ValueError as exc:
             raise CertTableError(f"row {row} ({name}) is not a DER certificate: {exc}") from None
         certs.append(TableCert(name, der))
@@ -92,9 +93,7 @@ def chain_pem(certs: list[TableCert]) -> bytes:
     it (the VCEK or VLEK first, then ASK, ARK)."""
     order = {"vcek": 0, "vlek": 0, "ask": 1, "ark": 2}
     ranked = sorted(certs, key=lambda c: order.get(c.name, 3))
-    return b"".join(
-        x509.load_der_x509_certificate(c.der).public_bytes(Encoding.PEM) for c in ranked
-    )
+    return b"".join(cert.public_bytes(Encoding.PEM) for c in ranked for cert in load_certs(c.der))
 
 
 def build_cert_table(certs: list[tuple[str, bytes]]) -> bytes:

@@ -24,6 +24,9 @@ PARSERS = (
     "tdx_quote",
     "tdx_collateral",
     "spdm",
+    "snp_cert_table",
+    "amd_crl",
+    "nvidia_rim",
 )
 
 #: Crashing inputs are kept here, one folder per parser, and replayed by ``make test``.
