@@ -16,7 +16,13 @@ whose envelope time is when the evidence was collected. The check:
    stream's recipients (the appliance's sealing key); the last 32 are the verifier's nonce,
    which ``attest verify --nonce`` checks.
 
-Opening ``evidence.archived`` bodies (their kind and file name) needs a recipient key.
+The appliance's boot report lies in ``boot/<stream>/evidence/`` (a boot bundle, checked under
+the same log key; docs/record.md §11) and is judged the same way. No recipient key is needed:
+the log key and the recipients are in the clear. ``--key`` opens the session's
+``evidence.archived`` bodies (kind, file name, digest), linking each file to its entry and
+time; without it, and always for boot evidence (sealed to the appliance's key), a report is
+judged at the time of its stream's first signed ``evidence.archived`` entry, its kind read
+from its name, and a ``skip evidence.link`` line says so.
 ``--trusted-root FILE`` (SEV-SNP) replaces AMD's pinned roots with the ARK(s) in FILE, for a
 rehearsal with a test chain; the output then opens with ``skip trust.amd_roots`` (see
 ``attestation.cli``).
@@ -29,6 +35,7 @@ import hmac
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -52,27 +59,55 @@ def evidence_names(kind: EvidenceKind, stamp: str) -> tuple[str, str, str]:
 
 Verifier = Callable[..., Verdict]
 
+#: The kind of evidence a file is, from its name's first part (``evidence_names``).
+_KIND_OF_NAME: dict[str, EvidenceKind] = {"snp": "snp", "tdx": "tdx", "nvidia": "nvidia"}
+
+
+@dataclass(frozen=True)
+class _Report:
+    """One archived report to judge: where it lies, and the entry time it is judged at."""
+
+    label: str  # "snp-….report" or "boot/<stream>/snp-….report", for the check names
+    folder: Path  # the evidence/ folder holding it and its companions
+    file: str
+    kind: EvidenceKind | None  # None: the name says no kind this command knows
+    companions: frozenset[str]  # the names beside it that may pair with it
+    seq: int | None  # its entry (exact), or the stream's first signed evidence.archived entry
+    occurred_at: str | None  # that entry's time; None: no signed entry to take it from
+    linked: bool  # True: the entry that names the file (a key opened it)
+    stream: str
+
 
 def check_bundle(
-    bundle: Path, key: Any, *, verify: Verifier | None = None, certs: bytes | None = None
+    bundle: Path,
+    key: Any | None,
+    *,
+    verify: Verifier | None = None,
+    certs: bytes | None = None,
 ) -> tuple[list[Check], list[Verdict]]:
-    """The binding checks of ``bundle`` (opened with ``key``, a ``record.seal.KeyPair``), and
-    the verdict of each archived report. ``verify`` replaces the evidence verifier (tests).
-    ``certs``: a chain (PEM) for the reports the record kept without one (``--certs``); a
-    report kept with its chain is judged by that chain only, the record's word."""
+    """The binding checks of ``bundle`` and the verdict of each archived report: the
+    session's own and its boot bundles' (docs/record.md §11). ``key`` (a
+    ``record.seal.KeyPair``, or None) opens the session's sealed ``evidence.archived`` bodies,
+    linking each file to its entry; without it, and always for boot evidence (sealed to the
+    appliance's key), a report is judged at the time of its stream's first signed
+    ``evidence.archived`` entry, and the output says so. ``verify`` replaces the evidence
+    verifier (tests). ``certs``: a chain (PEM) for the reports the record kept without one
+    (``--certs``); a report kept with its chain is judged by that chain only."""
     from attestation.cli import verify_evidence
-    from record.bundle import ENTRIES, EVIDENCE, LOG_KEY, verify_bundle
+    from record.bundle import BOOT, ENTRIES, EVIDENCE, INDEX, LOG_KEY, verify_bundle
     from record.reader import StreamKeys
-    from record.schema import EvidenceArchived, StreamOpened, parse_entry
+    from record.schema import EvidenceArchived, parse_entry
 
     checks: list[Check] = []
     log_key = (bundle / LOG_KEY).read_text().strip()
     integrity = verify_bundle(bundle, key=key, log_key=log_key)
+    boot = _boot_streams(bundle, INDEX, BOOT)
     checks.append(
         Check(
             "bundle",
             integrity.ok,
             f"{integrity.entries} entries and the checkpoints verify under {log_key}"
+            + (f", and the {len(boot)} boot bundle(s) under the same key" if boot else "")
             if integrity.ok
             else "; ".join(f"{p.code}: {p.detail}" for p in integrity.problems[:3]),
         )
@@ -81,66 +116,46 @@ def check_bundle(
     stream = entries[0].stream
     # Entries at positions below this are covered by a checkpoint the log key signed.
     signed_size = integrity.entries - integrity.unsigned.get(stream, integrity.entries)
-    keys = StreamKeys.collect(stream, entries, key)
-    opened = [(entry, keys.open(entry)) for entry in entries]
-    sealing = [
-        w.recipient for _, body in opened if isinstance(body, StreamOpened) for w in body.recipients
-    ]
-    archived = [(e, b) for e, b in opened if isinstance(b, EvidenceArchived)]
-    files = {b.file: (e, b) for e, b in archived}
-    verdicts: list[Verdict] = []
-    reports = [(e, b) for e, b in archived if b.file.endswith(".report")]
+    sealing = _recipients(entries)
+    reports: list[_Report] = []
+    if key is not None:
+        keys = StreamKeys.collect(stream, entries, key)
+        archived = [(e, b) for e in entries if isinstance(b := keys.open(e), EvidenceArchived)]
+        named = frozenset(b.file for _, b in archived)
+        for entry, body in archived:
+            if body.file.endswith(".report"):
+                kind = KINDS[body.evidence_kind]
+                reports.append(
+                    _Report(
+                        body.file, bundle / EVIDENCE, body.file, kind, named, entry.seq,
+                        entry.occurred_at, True, stream,
+                    )
+                )  # fmt: skip
+    else:
+        reports += _unlinked(bundle / EVIDENCE, "", entries, signed_size, stream)
+    for name in boot:
+        folder = bundle / BOOT / name
+        try:
+            inner = [parse_entry(line) for line in (folder / ENTRIES).read_bytes().splitlines()]
+        except Exception:  # the bundle check named it; nothing here can be judged
+            continue
+        size = len(inner) - integrity.unsigned.get(name, len(inner))
+        reports += _unlinked(folder / EVIDENCE, f"{BOOT}/{name}/", inner, size, name)
     if not reports:
         checks.append(Check("evidence", False, "the bundle holds no archived report"))
-    for entry, body in reports:
-        kind = KINDS[body.evidence_kind]
-        if entry.seq >= signed_size:
-            checks.append(
-                Check(
-                    f"evidence.{body.file}",
-                    False,
-                    f"not judged: its entry (seq {entry.seq}) is covered by no signed checkpoint "
-                    f"(they cover {signed_size} entries), so its time {entry.occurred_at} is "
-                    "not the log's word",
-                )
-            )
+    if any(not r.linked for r in reports):
+        checks.append(Check("evidence.link", None, _link_notice(key is not None)))
+    verdicts: list[Verdict] = []
+    for item in reports:
+        verdict = _judge(item, verify or verify_evidence, certs, signed_size, checks)
+        if verdict is None:
             continue
-        base = body.file[: -len(".report")]
-        collected = datetime.fromisoformat(entry.occurred_at.replace("Z", "+00:00"))
-        report = (bundle / EVIDENCE / body.file).read_bytes()
-        kept = [
-            (bundle / EVIDENCE / name).read_bytes()
-            for name in (base + ".certs.pem",)
-            if name in files
-        ]
-        given = not kept and certs is not None
-        chain = kept if kept else [certs] if certs is not None else []
-        collateral_name = base + ".collateral.json"
-        collateral = (
-            (bundle / EVIDENCE / collateral_name).read_bytes() if collateral_name in files else None
-        )
-        check = verify or verify_evidence
-        try:
-            verdict = check(kind, report, certs=chain, collateral=collateral, now=collected)
-        except ValueError as exc:  # no certificates kept, evidence that does not parse
-            verdict = Verdict(kind)
-            verdict.add("evidence", False, str(exc))
         verdicts.append(verdict)
-        checks.append(
-            Check(
-                f"evidence.{body.file}",
-                verdict.accepted,
-                f"verified at its collection time {entry.occurred_at} (seq {entry.seq})"
-                + (" with the certificates of --certs" if given else "")
-                if verdict.accepted
-                else "; ".join(c.line() for c in verdict.failed[:3]),
-            )
-        )
         data = bytes.fromhex(str(verdict.facts.get("report_data", "")))
         bound = _bound_to(log_key, sealing, data)
         checks.append(
             Check(
-                f"binding.{body.file}",
+                f"binding.{item.label}",
                 bound is not None,
                 f"report_data binds the log key and sealing key {bound}"
                 if bound is not None
@@ -148,6 +163,134 @@ def check_bundle(
             )
         )
     return checks, verdicts
+
+
+def _link_notice(keyed: bool) -> str:
+    why = (
+        "boot evidence is sealed to the appliance's key, not this one"
+        if keyed
+        else "no key: evidence.archived bodies are sealed"
+    )
+    return (
+        f"{why}, so which entry holds a file cannot be told: such a report is judged at the "
+        "time of its stream's first evidence.archived entry that a signed checkpoint covers, "
+        "and its files are not checked against their digests (a report vouches for its bytes "
+        "by its signature)"
+    )
+
+
+def _boot_streams(bundle: Path, index_name: str, boot: str) -> list[str]:
+    """The boot bundles ``bundle.json`` lists that are folders (the bundle check judges the
+    list against ``boot/``)."""
+    try:
+        listed = json.loads((bundle / index_name).read_bytes()).get(boot)
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(listed, list):
+        return []
+    return [n for n in listed if isinstance(n, str) and n and "/" not in n and not n.startswith(".")
+            and (bundle / boot / n).is_dir()]  # fmt: skip
+
+
+def _recipients(entries: list[Any]) -> list[str]:
+    """Every recipient the CLEAR ``stream.opened``/``key.rotated`` bodies list: readable
+    without a key; the appliance's sealing key is among them."""
+    from record.schema import CLEAR_KINDS, KeyRotated, StreamOpened, parse_body
+
+    found: list[str] = []
+    for entry in entries:
+        if entry.kind not in CLEAR_KINDS or not isinstance(entry.body, dict):
+            continue
+        try:
+            body = parse_body(entry.kind, entry.body, stored=True)
+        except Exception:  # the bundle check named it
+            continue
+        if isinstance(body, StreamOpened | KeyRotated):
+            found += [w.recipient for w in body.recipients if w.recipient not in found]
+    return found
+
+
+def _unlinked(
+    folder: Path, prefix: str, entries: list[Any], signed_size: int, stream: str
+) -> list[_Report]:
+    """The reports of ``folder``, each judged at the stream's first signed
+    ``evidence.archived`` entry (no key tells which entry holds which file)."""
+    names = frozenset(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    first = next(
+        (e for e in entries if e.kind == "evidence.archived" and e.seq < signed_size), None
+    )
+    return [
+        _Report(
+            prefix + name, folder, name, _KIND_OF_NAME.get(name.split("-", 1)[0]),
+            frozenset(names), first.seq if first else None,
+            first.occurred_at if first else None, False, stream,
+        )
+        for name in sorted(names)
+        if name.endswith(".report")
+    ]  # fmt: skip
+
+
+def _judge(
+    item: _Report,
+    verify: Verifier,
+    certs: bytes | None,
+    signed_size: int,
+    checks: list[Check],
+) -> Verdict | None:
+    """Verify one report at its time; its check goes to ``checks``. None: not judged."""
+    name = f"evidence.{item.label}"
+    if item.occurred_at is None or item.seq is None:
+        detail = (
+            f"not judged: no evidence.archived entry of stream {item.stream} is covered by a "
+            "signed checkpoint, so no collection time is the log's word"
+        )
+        checks.append(Check(name, False, detail))
+        return None
+    if item.linked and item.seq >= signed_size:
+        checks.append(
+            Check(
+                name,
+                False,
+                f"not judged: its entry (seq {item.seq}) is covered by no signed checkpoint "
+                f"(they cover {signed_size} entries), so its time {item.occurred_at} is "
+                "not the log's word",
+            )
+        )
+        return None
+    if item.kind is None:
+        checks.append(Check(name, False, "not judged: its name names no kind of evidence"))
+        return None
+    base = item.file[: -len(".report")]
+    kept = [(item.folder / n).read_bytes() for n in (base + ".certs.pem",) if n in item.companions]
+    given = not kept and certs is not None
+    chain = kept if kept else [certs] if certs is not None else []
+    collateral_name = base + ".collateral.json"
+    collateral = (
+        (item.folder / collateral_name).read_bytes() if collateral_name in item.companions else None
+    )
+    collected = datetime.fromisoformat(item.occurred_at.replace("Z", "+00:00"))
+    report = (item.folder / item.file).read_bytes()
+    try:
+        verdict = verify(item.kind, report, certs=chain, collateral=collateral, now=collected)
+    except ValueError as exc:  # no certificates kept, evidence that does not parse
+        verdict = Verdict(item.kind)
+        verdict.add("evidence", False, str(exc))
+    when = (
+        f"verified at its collection time {item.occurred_at} (seq {item.seq})"
+        if item.linked
+        else f"verified at {item.occurred_at}, the time of stream {item.stream}'s first signed "
+        f"evidence.archived entry (seq {item.seq}): no key links the file to its own entry"
+    )
+    checks.append(
+        Check(
+            name,
+            verdict.accepted,
+            when + (" with the certificates of --certs" if given else "")
+            if verdict.accepted
+            else "; ".join(c.line() for c in verdict.failed[:3]),
+        )
+    )
+    return verdict
 
 
 def _bound_to(log_key: str, recipients: list[str], data: bytes) -> str | None:
@@ -164,7 +307,6 @@ def _bound_to(log_key: str, recipients: list[str], data: bytes) -> str | None:
 
 def attest_bind_check(
     bundle: Annotated[Path, typer.Argument(help="an exported bundle directory")],
-    key: Annotated[Path, typer.Option(help="a recipient private key of the stream")],
     trusted_root: Annotated[
         Path | None,
         typer.Option(
@@ -181,6 +323,13 @@ def attest_bind_check(
             " kept with its chain is judged by that chain",
         ),
     ] = None,
+    key: Annotated[
+        Path | None,
+        typer.Option(
+            help="a recipient private key of the stream: links each evidence file to its entry "
+            "and checks its digest (without one, the binding is still checked)"
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Check that a bundle's evidence vouches for the key that signed its checkpoints."""
@@ -190,7 +339,7 @@ def attest_bind_check(
 
     for path, present in (
         (bundle, bundle.is_dir()),
-        (key, key.is_file()),
+        (key, key is None or key.is_file()),
         (certs, certs is None or certs.is_file()),
     ):
         if not present:
@@ -231,7 +380,8 @@ def attest_bind_check(
             )
         ]
     try:
-        checks, _ = check_bundle(bundle, KeyPair.read(key), verify=verify, certs=chain)
+        pair = KeyPair.read(key) if key is not None else None
+        checks, _ = check_bundle(bundle, pair, verify=verify, certs=chain)
     except (RecordError, ValueError, OSError) as exc:
         checks = [Check("bundle", False, f"{type(exc).__name__}: {exc}")]
     checks = notice + checks

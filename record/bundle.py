@@ -9,10 +9,14 @@
     log_key.pub          the C2SP verifier key of the checkpoint signer
     recipients.txt       the X25519 public keys the stream's data keys are sealed to
     evidence/            archived attestation evidence, when the stream has any
+    boot/<stream>/       a bundle of each of the store's boot-evidence streams (labelled
+                         ``affidavit/boot-evidence``), in the same layout, never nested further
 
 ``bundle.json`` is a convenience index, not evidence: the audit trusts only the entries,
-the checkpoints and the log key (pinned by the user or by attestation). Export never
-changes the store; loading never writes.
+the checkpoints and the log key (pinned by the user or by attestation). A boot bundle is
+checked under the SAME log key as its parent, so the appliance's boot evidence travels with
+every session it signed (docs/record.md §11). Export never changes the store; loading never
+writes.
 """
 
 from __future__ import annotations
@@ -36,10 +40,14 @@ LOG_KEY = "log_key.pub"
 RECIPIENTS = "recipients.txt"
 CHECKPOINTS = "checkpoints"
 EVIDENCE = "evidence"
+BOOT = "boot"
+#: The ``stream.opened`` label of the appliance's boot-evidence stream (its value: the stamp).
+BOOT_LABEL = "affidavit/boot-evidence"
 
 
 def export_stream(store_path: Path | str, stream: str, out: Path | str) -> dict[str, Any]:
-    """Write the bundle of ``stream`` into ``out`` (created; must be empty if it exists)."""
+    """Write the bundle of ``stream`` into ``out`` (created; must be empty if it exists), with
+    a nested bundle of every boot-evidence stream of the store under ``boot/<stream>/``."""
     out = Path(out)
     store = SQLiteStore(store_path, readonly=True)
     try:
@@ -47,53 +55,79 @@ def export_stream(store_path: Path | str, stream: str, out: Path | str) -> dict[
             raise UnknownStream(f"store {store_path} holds no stream {stream!r}")
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty")
+        boot = [s for s in boot_streams(store) if s != stream]
         out.mkdir(parents=True, exist_ok=True)
-        count = 0
-        recipients: list[str] = []
-        with _atomic(out / ENTRIES) as fh:
-            for stored in store.entries(stream):
-                fh.write(stored.line + b"\n")
-                count += 1
-                if (
-                    b'"kind":"stream.opened"' in stored.line
-                    or b'"kind":"key.rotated"' in stored.line
-                ):
-                    entry = parse_entry(stored.line)
-                    if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
-                        for item in entry.body.get("recipients", []):  # type: ignore[union-attr]
-                            if isinstance(item, dict) and item["recipient"] not in recipients:
-                                recipients.append(str(item["recipient"]))
-        (out / CHECKPOINTS).mkdir(exist_ok=True)
-        checkpoints = store.checkpoints(stream)
-        for i, cp in enumerate(checkpoints):
-            with _atomic(out / CHECKPOINTS / f"{i:06d}.note") as fh:
-                fh.write(cp.note)
-        evidence = store.evidence(stream)
-        if evidence:
-            (out / EVIDENCE).mkdir(exist_ok=True)
-            for name, data in evidence:
-                with _atomic(out / EVIDENCE / name) as fh:
-                    fh.write(data)
-        log_key = store.get_meta("log_key") or ""
-        with _atomic(out / LOG_KEY) as fh:
-            fh.write(log_key.encode() + b"\n")
-        with _atomic(out / RECIPIENTS) as fh:
-            fh.write("".join(r + "\n" for r in recipients).encode())
-        index = {
-            "format": FORMAT,
-            "schema_version": SCHEMA_VERSION,
-            "stream": stream,
-            "entries": count,
-            "checkpoints": len(checkpoints),
-            "log_key": log_key,
-            "recipients": recipients,
-            "evidence": [name for name, _ in evidence],
-        }
-        with _atomic(out / INDEX) as fh:
-            fh.write(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
-        return index
+        for name in boot:
+            _write_stream(store, name, out / BOOT / name, [])
+        return _write_stream(store, stream, out, boot)
     finally:
         store.close()
+
+
+def boot_streams(store: SQLiteStore) -> list[str]:
+    """The streams whose clear ``stream.opened`` carries :data:`BOOT_LABEL`: the appliance's
+    boot evidence. Readable without a key; a stream name that cannot be a folder is left out."""
+    found: list[str] = []
+    for name in store.streams():
+        first = next(iter(store.entries(name, 0, 1)), None)
+        if first is None or not _plain_name(name) or b'"kind":"stream.opened"' not in first.line:
+            continue
+        try:
+            body = parse_entry(first.line).body
+        except Exception:  # a malformed line: its own audit names it
+            continue
+        labels = body.get("labels") if isinstance(body, dict) else None
+        if isinstance(labels, dict) and BOOT_LABEL in labels:
+            found.append(name)
+    return found
+
+
+def _write_stream(store: SQLiteStore, stream: str, out: Path, boot: list[str]) -> dict[str, Any]:
+    """One stream's files (entries, checkpoints, evidence, keys, index) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    count = 0
+    recipients: list[str] = []
+    with _atomic(out / ENTRIES) as fh:
+        for stored in store.entries(stream):
+            fh.write(stored.line + b"\n")
+            count += 1
+            if b'"kind":"stream.opened"' in stored.line or b'"kind":"key.rotated"' in stored.line:
+                entry = parse_entry(stored.line)
+                if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
+                    for item in entry.body.get("recipients", []):  # type: ignore[union-attr]
+                        if isinstance(item, dict) and item["recipient"] not in recipients:
+                            recipients.append(str(item["recipient"]))
+    (out / CHECKPOINTS).mkdir(exist_ok=True)
+    checkpoints = store.checkpoints(stream)
+    for i, cp in enumerate(checkpoints):
+        with _atomic(out / CHECKPOINTS / f"{i:06d}.note") as fh:
+            fh.write(cp.note)
+    evidence = store.evidence(stream)
+    if evidence:
+        (out / EVIDENCE).mkdir(exist_ok=True)
+        for name, data in evidence:
+            with _atomic(out / EVIDENCE / name) as fh:
+                fh.write(data)
+    log_key = store.get_meta("log_key") or ""
+    with _atomic(out / LOG_KEY) as fh:
+        fh.write(log_key.encode() + b"\n")
+    with _atomic(out / RECIPIENTS) as fh:
+        fh.write("".join(r + "\n" for r in recipients).encode())
+    index: dict[str, Any] = {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "stream": stream,
+        "entries": count,
+        "checkpoints": len(checkpoints),
+        "log_key": log_key,
+        "recipients": recipients,
+        "evidence": [name for name, _ in evidence],
+    }
+    if boot:  # left out when none: such a bundle is byte for byte what older exports wrote
+        index[BOOT] = boot
+    with _atomic(out / INDEX) as fh:
+        fh.write(json.dumps(index, indent=2, sort_keys=True).encode() + b"\n")
+    return index
 
 
 class _atomic:
@@ -125,11 +159,27 @@ def verify_bundle(
     log_key: str | None = None,
     allow_unsigned_tail: bool = False,
 ) -> Report:
-    """Audit an exported bundle; a malformed bundle is a problem found, never a crash."""
+    """Audit an exported bundle and its boot bundles; a malformed bundle is a problem found,
+    never a crash. ``report.entries`` counts the bundle's own stream only."""
     root = Path(path)
     if not root.is_dir():
         raise StoreMissing(f"bundle directory {root} does not exist")
     report = Report(allow_unsigned_tail=allow_unsigned_tail)
+    index, stream, log_key = _verify_one(root, report, key=key, kept=kept, log_key=log_key)
+    _verify_boot(root, index, stream, log_key, report)
+    return report
+
+
+def _verify_one(
+    root: Path,
+    report: Report,
+    *,
+    key: KeyPair | None,
+    kept: Sequence[bytes],
+    log_key: str | None,
+) -> tuple[dict[str, Any] | None, str, str | None]:
+    """docs/record.md §12 steps 1–9 (and §13 with a key) for the stream of ``root``; its
+    index, its stream's name and the log key it was checked under."""
     index, stream, problems = _read_index(root)
     report.problems += problems
     rows, problems = _read_entries(root, stream)
@@ -173,7 +223,58 @@ def verify_bundle(
             evidence_names=names,
         )
     )
-    return report
+    return index, stream, log_key
+
+
+def boot_names(root: Path) -> list[str]:
+    """Every name in the bundle's ``boot/`` (a file or link among them too)."""
+    folder = root / BOOT
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def _verify_boot(
+    root: Path, index: dict[str, Any] | None, stream: str, log_key: str | None, report: Report
+) -> None:
+    """docs/record.md §12 step 10: ``bundle.json``'s ``boot`` list against ``boot/``, and each
+    boot bundle checked as steps 1–9 say, without a key, under the SAME log key. Its problems
+    keep their codes and name ``boot/<stream>`` in the detail."""
+    listed = index.get(BOOT) if index is not None else None
+    names = boot_names(root)
+    if listed is None:  # an older bundle: no boot member, and then no boot/ either
+        listed = []
+    if not isinstance(listed, list) or not all(_plain_name(n) for n in listed):
+        detail = f"{INDEX}: boot is not a list of plain stream names"
+        report.problems.append(Problem("malformed_bundle", stream, None, detail))
+        return
+    for name in listed:
+        if not (root / BOOT / name).is_dir():
+            detail = f"{INDEX} lists {BOOT}/{name}/; it is missing"
+            report.problems.append(Problem("evidence_missing", stream, None, detail))
+    for name in names:
+        if name not in listed:
+            detail = f"{BOOT}/{name} is not listed in {INDEX}"
+            report.problems.append(Problem("evidence_unlisted", stream, None, detail))
+    for name in listed:
+        folder = root / BOOT / name
+        if not folder.is_dir():
+            continue
+        nested = Report(allow_unsigned_tail=report.allow_unsigned_tail)
+        inner, inner_stream, _ = _verify_one(folder, nested, key=None, kept=(), log_key=log_key)
+        if (inner is not None and inner.get(BOOT) not in (None, [])) or (folder / BOOT).exists():
+            detail = "a boot bundle holds no boot bundle of its own"
+            nested.problems.append(Problem("malformed_bundle", inner_stream, None, detail))
+        if inner is not None and inner.get("stream") != name:
+            detail = f"{INDEX} names stream {inner.get('stream')!r}, not its folder's"
+            nested.problems.append(Problem("malformed_bundle", inner_stream, None, detail))
+        own, _ = _read_log_key(folder, inner_stream)
+        if own is not None and log_key is not None and own != log_key:
+            detail = f"{LOG_KEY} names {own}, not the bundle's log key {log_key}"
+            nested.problems.append(Problem("checkpoint_invalid", inner_stream, None, detail))
+        report.streams += nested.streams
+        report.unsigned.update(nested.unsigned)
+        report.problems += [
+            Problem(p.code, p.stream, p.seq, f"{BOOT}/{name}: {p.detail}") for p in nested.problems
+        ]
 
 
 def _plain_name(name: object) -> bool:

@@ -243,9 +243,11 @@ def log_export(
     if as_json:
         print(json.dumps({"stream": stream, "bundle": str(out), **index}, default=str))
         return EXIT_OK
+    boot = index.get("boot", [])
     print(
         f"exported {index['entries']} entries and {index['checkpoints']} checkpoint(s) "
         f"of {stream} to {out}"
+        + (f", with {len(boot)} boot bundle(s): {', '.join(boot)}" if boot else "")
     )
     return EXIT_OK
 

@@ -516,3 +516,52 @@ def test_certs_missing_or_not_certificates(
     junk.write_bytes(b"not a certificate")
     code, _, err = _run(bound.args("--certs", str(junk)), capsys)
     assert code == 2 and str(junk) in err and "--certs" in err
+
+
+def test_without_a_key_the_sessions_own_evidence_is_judged_and_the_mode_said(
+    bound: Bundle, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No ``--key``: the binding is checked from the clear entries, the report at the time of
+    the stream's first signed evidence.archived entry (seq 1, the report's own here)."""
+    args = [a for a in bound.args("--json") if a not in ("--key", str(bound.key))]
+    code, out, err = _run(args, capsys)
+    assert (code, err) == (0, "")
+    checks = _by_name(_json(out))
+    assert list(checks) == [
+        "trust.amd_roots", "bundle", "evidence.link", f"evidence.{REPORT}", f"binding.{REPORT}",
+    ]  # fmt: skip
+    assert checks["evidence.link"]["ok"] is None
+    assert str(checks[f"evidence.{REPORT}"]["detail"]).endswith(
+        f"the time of stream {STREAM}'s first signed evidence.archived entry (seq 1): no key "
+        "links the file to its own entry"
+    )
+
+
+@pytest.mark.parametrize("position", [0, 31])
+def test_without_a_key_one_wrong_byte_of_report_data_rejects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], position: int
+) -> None:
+    bundle = _bundle(tmp_path, wrong_byte=position)
+    args = [a for a in bundle.args("--json") if a not in ("--key", str(bundle.key))]
+    code, out, _ = _run(args, capsys)
+    assert code == 1
+    checks = _by_name(_json(out))
+    assert checks[f"evidence.{REPORT}"]["ok"] is True
+    assert checks[f"binding.{REPORT}"]["ok"] is False
+
+
+def test_without_a_key_evidence_no_signed_entry_covers_is_not_judged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = _bundle(tmp_path, unsigned_from=2)  # the evidence entries: an unsigned tail
+    args = [a for a in bundle.args("--json") if a not in ("--key", str(bundle.key))]
+    code, out, _ = _run(args, capsys)
+    assert code == 1
+    checks = _by_name(_json(out))
+    assert checks[f"evidence.{REPORT}"] == {
+        "name": f"evidence.{REPORT}",
+        "ok": False,
+        "detail": f"not judged: no evidence.archived entry of stream {STREAM} is covered by a "
+        "signed checkpoint, so no collection time is the log's word",
+    }
+    assert f"binding.{REPORT}" not in checks

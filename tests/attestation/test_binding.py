@@ -132,6 +132,11 @@ def test_published_evidence_binding_bundle_end_to_end(appliance: Appliance, tmp_
     assert all(c.ok for c in checks), [c.line() for c in checks]
     assert [c.name.split(".")[0] for c in checks] == ["bundle", "evidence", "binding"]
     (verdict,) = verdicts
+    # an auditor without a key: the same report, the same binding, from the clear entries
+    keyless, _ = check_bundle(bundle, None, verify=_test_chain_verifier(appliance.chain))
+    assert [(c.name.split(".")[0], c.ok) for c in keyless] == [
+        ("bundle", True), ("evidence", None), ("evidence", True), ("binding", True),
+    ], [c.line() for c in keyless]  # fmt: skip
     assert verdict.facts["measurement"] == measurement
     assert (
         verdict.facts["report_data"][:64]

@@ -907,6 +907,42 @@ def verify_bundle(
     if report.uncovered and not (allow_unsigned_tail and anchor):  # nothing signed: never allowed
         report.add("unsigned_tail", anchor or 0, f"{report.uncovered} lines no checkpoint covers")
 
+    # 10. Boot bundles: each as steps 1-9 say, without a key, under the same log key.
+    boot = index.get("boot") if isinstance(index, dict) else None
+    boot_folder = root / "boot"
+    boot_names = sorted(p.name for p in boot_folder.iterdir()) if boot_folder.is_dir() else []
+    if boot is None:  # an older bundle: no boot member
+        boot = []
+    if not isinstance(boot, list) or not all(_plain(n) for n in boot):
+        report.add("malformed_bundle", None, "bundle.json: boot is not plain stream names")
+        boot, boot_names = [], []  # nothing more is judged of boot/
+    for name in boot_names:
+        if name not in boot:
+            report.add("evidence_unlisted", None, f"boot {name!r} is not listed")
+    for name in boot:
+        nested = boot_folder / name
+        if not nested.is_dir():
+            report.add("evidence_missing", None, f"listed boot bundle {name!r} is missing")
+            continue
+        inner = verify_bundle(nested, log_key=log_key, allow_unsigned_tail=allow_unsigned_tail)
+        for code, seq, detail in inner.problems:
+            report.add(code, seq, f"boot/{name}: {detail}")
+        try:
+            inner_index = parse_json((nested / "bundle.json").read_bytes(), "bundle.json")
+        except (OSError, Bad):
+            inner_index = None  # the nested check reported it
+        if isinstance(inner_index, dict) and inner_index.get("stream") != name:
+            report.add("malformed_bundle", None, f"boot/{name}: names another stream")
+        listed_inner = inner_index.get("boot") if isinstance(inner_index, dict) else None
+        if listed_inner not in (None, []) or (nested / "boot").exists():
+            report.add("malformed_bundle", None, f"boot/{name}: holds boot bundles")
+        try:
+            own = (nested / "log_key.pub").read_text("utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            own = None
+        if own is not None and log_key is not None and own != log_key:
+            report.add("checkpoint_invalid", None, f"boot/{name}: log_key.pub names another key")
+
     if private_key_pem is not None:
         _open_bodies(root, report, entries, private_key_pem, folder_names)
     return report

@@ -825,3 +825,114 @@ def test_epochs_count_clear_entries_by_position_valid_or_not(
     assert written.judge(bundle, key=False) == found
     # with a key: the copied wrapped key was sealed for epoch 0, not 3
     assert written.judge(bundle, key=True) == [("cannot_open", ROTATED + 2), *found]
+
+
+# -- 7. boot bundles -----------------------------------------------------------------------------
+
+BOOT = "boot-1"
+SESSION = "session-1"
+
+
+@pytest.fixture(scope="module")
+def booted(tmp_path_factory: pytest.TempPathFactory) -> Written:
+    """An appliance-like store: a boot-evidence stream (sealed to the appliance alone, two
+    evidence files) and a user's session, exported as the session's bundle."""
+    folder = tmp_path_factory.mktemp("format-boot")
+    user, appliance = KeyPair.generate(), KeyPair.generate()
+    signer = Signer.generate(LOG_KEY_NAME)
+    store = folder / "record.db"
+    log = Log(SQLiteStore(store), signer, appliance_key=appliance)
+    try:
+        log.open_stream(BOOT, [appliance.recipient], {"affidavit/boot-evidence": "20261201T1200Z"})
+        log.archive_evidence(BOOT, "sev-snp", "snp-1.report", REPORT)
+        log.archive_evidence(BOOT, "sev-snp", "snp-1.certs.pem", b"certificates\n")
+        log.open_stream(SESSION, [user.recipient, appliance.recipient])
+        log.append(SESSION, PinsSet(pins={"seed": 42}))
+    finally:
+        log.close()
+    bundle = folder / "bundle"
+    export_stream(store, SESSION, bundle)
+    return Written(bundle, user, user.to_pem(), signer, signer.vkey())
+
+
+def _index_boot(bundle: Path, names: Any) -> None:
+    index = json.loads((bundle / "bundle.json").read_bytes())
+    (bundle / "bundle.json").write_text(json.dumps(index | {"boot": names}, indent=2))
+
+
+def _boot_under_another_log_key(bundle: Path) -> None:
+    """The boot folder replaced by the same stream kept by another log."""
+    other = bundle.parent / "other.db"
+    with Log.open(other) as log:
+        log.open_stream(BOOT, [KeyPair.generate().recipient], {"affidavit/boot-evidence": "x"})
+        log.archive_evidence(BOOT, "sev-snp", "snp-1.report", REPORT)
+    shutil.rmtree(bundle / "boot" / BOOT)
+    export_stream(other, BOOT, bundle / "boot" / BOOT)
+
+
+BOOT_CASES: dict[str, tuple[Callable[[Path], None], Found]] = {
+    # (edit, found with or without a key: the boot bundle is always judged without one)
+    "boot evidence file deleted": (
+        lambda b: (b / "boot" / BOOT / "evidence" / "snp-1.report").unlink(),
+        [("evidence_missing", None)],
+    ),
+    "boot evidence file added": (
+        lambda b: (b / "boot" / BOOT / "evidence" / "extra").write_bytes(b"slipped in"),
+        [("evidence_unlisted", None)],
+    ),
+    "boot bundle deleted": (
+        lambda b: shutil.rmtree(b / "boot" / BOOT),
+        [("evidence_missing", None)],
+    ),
+    "boot bundle unlisted": (lambda b: _index_boot(b, []), [("evidence_unlisted", None)]),
+    "boot list names a path": (lambda b: _index_boot(b, ["../x"]), [("malformed_bundle", None)]),
+    "boot bundle holding a boot folder": (
+        lambda b: (b / "boot" / BOOT / "boot").mkdir(),
+        [("malformed_bundle", None)],
+    ),
+    "boot line cut": (
+        lambda b: (b / "boot" / BOOT / "entries.jsonl").write_bytes(
+            (b / "boot" / BOOT / "entries.jsonl").read_bytes().splitlines(keepends=True)[0]
+        ),
+        [("malformed_bundle", None), ("truncated", 1), ("truncated", 1)],
+    ),
+    "boot bundle under another log key": (
+        _boot_under_another_log_key,
+        [
+            ("checkpoint_invalid", 0),
+            ("checkpoint_invalid", None),
+            ("checkpoint_invalid", None),
+            ("checkpoint_invalid", None),
+            ("unsigned_tail", 0),
+        ],
+    ),
+}
+
+
+def test_a_session_bundle_with_its_boot_bundle_is_valid_for_both(booted: Written) -> None:
+    index = json.loads((booted.bundle / "bundle.json").read_bytes())
+    assert index["boot"] == [BOOT]
+    assert sorted(p.name for p in (booted.bundle / "boot" / BOOT / "evidence").iterdir()) == [
+        "snp-1.certs.pem",
+        "snp-1.report",
+    ]
+    assert booted.judge(booted.bundle, key=False) == []
+    assert booted.judge(booted.bundle, key=True) == []
+    # a bundle written before boot bundles existed: no boot member, no boot/ folder
+    shutil.rmtree(booted.bundle.parent / "older", ignore_errors=True)
+    older = shutil.copytree(booted.bundle, booted.bundle.parent / "older")
+    shutil.rmtree(older / "boot")
+    index.pop("boot")
+    (older / "bundle.json").write_text(json.dumps(index, indent=2))
+    assert booted.judge(older, key=False) == []
+
+
+@pytest.mark.parametrize("case", list(BOOT_CASES))
+def test_a_boot_bundle_is_judged_as_the_document_says(
+    booted: Written, tmp_path: Path, case: str
+) -> None:
+    edit, found = BOOT_CASES[case]
+    bundle = booted.copy(tmp_path)
+    edit(bundle)
+    assert booted.judge(bundle, key=False) == found
+    assert booted.judge(bundle, key=True) == found
