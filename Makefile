@@ -15,7 +15,8 @@ OVMF_DEPS := nasm acpica-tools uuid-dev patch dpkg-dev gcc make
 APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio qemu-system-x86 ovmf \
 	squashfs-tools faketime $(OVMF_DEPS)
 
-.PHONY: demo test test-long lint typecheck unit model bench fuzz mutate system-deps clean image image-full ovmf
+.PHONY: demo test test-long lint typecheck unit model bench fuzz mutate system-deps clean image image-full ovmf \
+	release release-dry-run
 
 # The test and demo environment: the base package plus the engine and dev extras, with the
 # CPU build of torch pinned by constraints.txt (anything newer pulls a multi-GB CUDA build).
@@ -81,6 +82,30 @@ image-full: $(BIN)/.installed system-deps
 # time (its sha256 is pinned in enclave_image/ovmf.py and the lock). Not needed by make test.
 ovmf: $(BIN)/.installed system-deps
 	$(BIN)/python -m enclave_image.ovmf .affidavit/image-cache
+
+# A release (docs/release.md): `make release VERSION=x.y.z RELEASE_KEY=/path/to/release.pem`.
+# The key is whoever cuts the release's, kept outside this checkout, mode 600 (refused
+# otherwise), and its public half is measurements/release.pub. Builds the pinned firmware
+# (or reuses it), the full profile as a release build into .affidavit/release/$(VERSION)/,
+# measures every shape of the release table (vCPU counts x types) and writes
+# measurements/$(VERSION).json and .json.sig, to commit. ~6 min on 2 cores with a warm cache.
+# `make release-dry-run` does the same with a throwaway key in a temporary folder: nothing in
+# measurements/ is written.
+RELEASE_MEASUREMENTS ?= measurements
+RELEASE_BUILD ?= .affidavit/release/$(VERSION)
+ifneq ($(filter release,$(MAKECMDGOALS)),)
+ifeq ($(strip $(VERSION)),)
+$(error make release needs VERSION=x.y.z, the version being tagged (docs/release.md))
+endif
+ifeq ($(strip $(RELEASE_KEY)),)
+$(error make release needs RELEASE_KEY=/path/to/release.pem, kept outside this checkout (docs/release.md))
+endif
+endif
+release: $(BIN)/.installed system-deps ovmf
+	$(BIN)/affidavit image release --version $(VERSION) --release-key $(RELEASE_KEY) --measurements $(RELEASE_MEASUREMENTS) --build-dir $(RELEASE_BUILD)
+
+release-dry-run: $(BIN)/.installed system-deps ovmf
+	$(BIN)/affidavit image release --dry-run --version $(or $(VERSION),0.0.0-dry-run)
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/log_append.py

@@ -8,12 +8,19 @@ checks the signature before believing a byte of the file. The format (``docs/att
     {"format": "affidavit-measurements/1", "version": "…",
      "image_digest": "sha256:…", "model_weights_digest": "sha256:…",
      "kernel_cmdline": "…", "firmware": {"ovmf_sha256": "…"},
+     "guest_policy": "0x30000", "vmm_type": "QEMU", "guest_features": "0x1",
      "snp": [{"vcpus": 4, "vcpu_type": "EPYC-v4", "measurement": "<96 hex>"}],
      "tdx": [{"mrtd": "<96 hex>", "rtmr0": "…", "rtmr1": "…", "rtmr2": "…"}],
      "gpu": {"driver_versions": ["550.90.07"], "vbios_versions": ["96.00.9F.00.01"]}}
 
+``guest_policy``, ``vmm_type`` and ``guest_features`` are the SEV-SNP launch the release
+measured: the guest policy the VMM launches with, and the VMM and VMSA features the launch
+digests were computed for. Files written before they existed lack them: they are optional
+on read (an auditor then assumes QEMU and 0x1, the only launch measured then), and
+``enclave_image.publish`` always writes them.
+
 ``check_published`` adds ``published.*`` checks to a verdict: the evidence's measurement is
-one the release promised.
+one the release promised, and an SNP report's guest policy is the published one.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 from pathlib import Path
+from typing import Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -45,6 +53,7 @@ __all__ = [
 FORMAT = "affidavit-measurements/1"
 _HEX48 = r"^[0-9a-f]{96}$"
 _DIGEST = r"^sha256:[0-9a-f]{64}$"
+_HEX_INT = r"^0x[0-9a-f]{1,16}$"
 
 
 class PublishedError(ValueError):
@@ -84,6 +93,12 @@ class Published(_Model):
     model_weights_digest: str = Field(pattern=_DIGEST)
     kernel_cmdline: str
     firmware: dict[str, str] = Field(default_factory=dict)
+    #: The SNP guest policy the release is launched with (hex): the report must carry it.
+    guest_policy: str | None = Field(None, pattern=_HEX_INT)
+    #: The VMM the SNP launch digests were computed for (its initial vCPU state).
+    vmm_type: Literal["QEMU", "ec2", "gce"] | None = None
+    #: The VMSA SEV_FEATURES the SNP launch digests were computed with (hex).
+    guest_features: str | None = Field(None, pattern=_HEX_INT)
     snp: tuple[SnpLaunch, ...] = ()
     tdx: tuple[TdxLaunch, ...] = ()
     gpu: GpuState | None = None
@@ -143,6 +158,8 @@ def check_published(verdict: Verdict, published: Published) -> Verdict:
             else f"measurement {measured} is not one {published.version} publishes"
         )
         verdict.add(name, bool(promised), detail)
+        if published.guest_policy is not None:
+            _check_guest_policy(verdict, published, facts.get("policy"))
     elif verdict.kind == "tdx":
         match = [
             p
@@ -173,3 +190,25 @@ def check_published(verdict: Verdict, published: Published) -> Verdict:
             name, ok, f"driver {driver}, VBIOS {vbios}: " + ("published" if ok else "not published")
         )
     return verdict
+
+
+def _check_guest_policy(verdict: Verdict, published: Published, reported: object) -> None:
+    """The report's guest policy is exactly the published one: the launch digest does not
+    cover the policy (the VMM chooses it), so a looser one (debug, a migration agent, an
+    older ABI) would otherwise pass with a published measurement."""
+    promised = int(published.guest_policy or "0", 16)
+    try:
+        policy = int(str(reported), 16)
+    except ValueError:
+        verdict.add(
+            "published.guest_policy", False, f"the report's policy {reported!r} is not read"
+        )
+        return
+    same = policy == promised
+    verdict.add(
+        "published.guest_policy",
+        same,
+        f"guest policy {policy:#x} is the one {published.version} publishes"
+        if same
+        else f"guest policy {policy:#x}, {published.version} publishes {promised:#x}",
+    )

@@ -1,10 +1,14 @@
 """``affidavit image …``: the enclave image's commands: ``verity``, ``initrd``, ``inputs``,
-``lock``, ``measure``, ``compare`` and ``build`` (``--boot`` boots it under QEMU).
+``lock``, ``measure``, ``compare``, ``build`` (``--boot`` boots it under QEMU), ``ovmf`` (the
+pinned AmdSev firmware) and ``release`` (``make release``: build, measure every shape, sign).
 
 Exit codes: 0 fine, 1 a problem was found (``inputs``: a cached input missing or changed;
-``measure``: the image is a test build, without ``--allow-test-model``),
+``measure``: the image is a test build, without ``--allow-test-model``; ``release``, ``ovmf``:
+the build failed),
 2 usage error (a bad salt, UUID, image size, version, key or vCPU type, a folder for the
-image), 3 an input is missing (the image, the tree, the lock, the OVMF, the release key).
+image; ``release``: a key kept in the checkout or readable by others, a key that is not
+``release.pub``'s, a release already published), 3 an input is missing (the image, the tree,
+the lock, the OVMF, the release key).
 ``--json`` prints one JSON document on stdout; errors go to stderr.
 """
 
@@ -263,6 +267,7 @@ def measure(
     print(f"image        {p.image_digest}")
     print(f"weights      {p.model_weights_digest}")
     print(f"ovmf sha256  {p.firmware['ovmf_sha256']}")
+    print(f"launch       {p.vmm_type}, guest policy {p.guest_policy}, features {p.guest_features}")
     for launch in p.snp:
         print(f"snp          {launch.vcpus} x {launch.vcpu_type}  {launch.measurement}")
 
@@ -345,6 +350,166 @@ def compare(
         )
     if not ok:
         raise typer.Exit(1)
+
+
+def ovmf(
+    cache: Annotated[
+        Path, typer.Option(help="where the firmware is built and kept (its ovmf/ folder)")
+    ] = Path(".affidavit/image-cache"),
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+) -> None:
+    """Build (or reuse) the pinned SEV firmware, edk2's AmdSev OVMF, from Debian's source.
+
+    Writes CACHE/ovmf/OVMF.amdsev.fd (~2 min the first time; a file already there with the
+    pinned sha256 is reused) and prints its path and sha256, which must be the published
+    file's firmware.ovmf_sha256. Exit 1 when the build fails or gives other bytes.
+    """
+    from enclave_image.ovmf import OVMF_SHA256, OvmfError, build_amdsev_ovmf
+
+    try:
+        result = build_amdsev_ovmf(cache, expect=OVMF_SHA256)
+    except OvmfError as exc:
+        print(f"affidavit: the AmdSev OVMF: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        doc = {"ovmf": str(result.path), "sha256": result.sha256, "built": result.built}
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"ovmf    {result.path}")
+    print(f"sha256  {result.sha256} (the pin in enclave_image/ovmf.py)")
+
+
+def release(
+    version: Annotated[
+        str | None, typer.Option("--version", help="the release, x.y.z; names the file")
+    ] = None,
+    release_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--release-key",
+            help="the Ed25519 release private key, outside the checkout, mode 600",
+        ),
+    ] = None,
+    measurements: Annotated[
+        Path | None,
+        typer.Option(help="the folder for <version>.json, its .sig and release.pub"),
+    ] = None,
+    build_dir: Annotated[
+        Path | None,
+        typer.Option(help="the folder for the release image (default .affidavit/release/V)"),
+    ] = None,
+    cache: Annotated[
+        Path, typer.Option(help="where the pinned inputs and the firmware are kept")
+    ] = Path(".affidavit/image-cache"),
+    ovmf_file: Annotated[
+        Path | None,
+        typer.Option("--ovmf", help="the firmware, if not the cache's (must be the pinned one)"),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="a throwaway key (unless given) and a temporary folder; never measurements/",
+        ),
+    ] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="replace an existing <version>.json")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print one JSON document (progress on stderr)")
+    ] = False,
+) -> None:
+    """Cut a release (make release): the pinned AmdSev firmware, a release build of the full
+    profile, its SNP launch digest for every shape of the release table, and
+    MEASUREMENTS/<version>.json with its signature (docs/release.md).
+
+    The key must be kept outside the checkout and readable by its owner only, and its public
+    half must be MEASUREMENTS/release.pub. --dry-run does it all with a throwaway key in a
+    temporary folder, and prints where.
+    """
+    import tempfile
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from enclave_image.inputs import InputError
+    from enclave_image.publish import (
+        RELEASE_SHAPES,
+        MissingInput,
+        PublishError,
+        cut_release,
+        public_key_text,
+    )
+    from inference.pull import PullError
+
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if as_json else print
+    if dry_run:
+        version = version or "0.0.0-dry-run"
+        if measurements is not None:
+            raise typer.BadParameter(
+                "a dry run writes into a temporary folder, never measurements/",
+                param_hint="--measurements",
+            )
+        scratch = Path(tempfile.mkdtemp(prefix="affidavit-release-dry-run-"))
+        measurements = scratch / "measurements"
+        build_dir = build_dir or scratch / "image"
+        if release_key is None:
+            throwaway = Ed25519PrivateKey.generate()
+            release_key = scratch / "throwaway-release.key"
+            release_key.touch(mode=0o600)
+            release_key.write_bytes(
+                throwaway.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                )
+            )
+            measurements.mkdir()
+            (measurements / "release.pub").write_text(public_key_text(throwaway) + "\n")
+        say(f"dry run in {scratch} (a throwaway release: publish nothing from it)")
+    if not version:
+        raise typer.BadParameter("the release needs a version, e.g. --version 1.2.3")
+    if release_key is None:
+        raise typer.BadParameter(
+            "the release needs the release key, kept outside the checkout (docs/release.md)",
+            param_hint="--release-key",
+        )
+    measurements = measurements or Path("measurements")
+    build_dir = build_dir or Path(".affidavit/release") / version
+    try:
+        cut = cut_release(
+            version, release_key, measurements=measurements, build_dir=build_dir, cache=cache,
+            ovmf=ovmf_file, replace=replace, say=say,
+        )  # fmt: skip
+    except MissingInput as exc:
+        raise _missing(str(exc)) from None
+    except PublishError as exc:
+        print(f"affidavit: release refused: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
+    except (RuntimeError, InputError, PullError) as exc:
+        print(f"affidavit: release build failed: {exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(1) from None
+    p = cut.publication.published
+    if as_json:
+        doc = {
+            "published": str(cut.publication.path),
+            "signature": str(cut.publication.signature),
+            "release_public_key": cut.publication.public_key,
+            "image": str(cut.image_dir),
+            "ovmf": str(cut.ovmf),
+            **p.model_dump(mode="json", exclude_defaults=True),
+        }
+        print(json.dumps(doc, indent=2))
+        return
+    print(f"published    {cut.publication.path} (signature {cut.publication.signature.name})")
+    print(f"release key  {cut.publication.public_key}")
+    print(f"image        {cut.image_dir}  {p.image_digest}")
+    print(f"weights      {p.model_weights_digest}")
+    print(f"ovmf         {cut.ovmf}  {p.firmware['ovmf_sha256']}")
+    print(f"launch       {p.vmm_type}, guest policy {p.guest_policy}, guest features"
+          f" {p.guest_features}, {len(p.snp)} shapes of {len(RELEASE_SHAPES)}")  # fmt: skip
+    for launch in p.snp:
+        print(f"snp          {launch.vcpus} x {launch.vcpu_type}  {launch.measurement}")
 
 
 def build(
@@ -495,4 +660,6 @@ def register(app: typer.Typer) -> typer.Typer:
     image_app.command("measure")(measure)
     image_app.command("compare")(compare)
     image_app.command("build")(build)
+    image_app.command("ovmf")(ovmf)
+    image_app.command("release")(release)
     return image_app

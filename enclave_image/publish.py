@@ -9,11 +9,18 @@ trailing newline is dropped), and optionally
 model instead of the release's, and :func:`measure_image` refuses it unless told). From it
 and the pinned OVMF, :func:`measure_image` computes the
 SEV-SNP launch measurement for each vCPU count and type asked (``attestation.measure.
-launch_digest``: QEMU, guest features 0x1) and builds the published document of
-``attestation.published``; :func:`write_published` writes it with its detached Ed25519
-signature (``attestation.published.sign_published``). :func:`compare_image` is the
-auditor's direction: it recomputes the same values from a rebuilt image and holds them, field
-by field, against a published file whose signature it checked first.
+launch_digest``: QEMU, guest features 0x1, guest policy 0x30000, all three recorded in the
+file) and builds the published document of ``attestation.published``;
+:func:`write_published` writes it with its detached Ed25519 signature
+(``attestation.published.sign_published``). :func:`compare_image` is the auditor's
+direction: it recomputes the same values from a rebuilt image, with the file's VMM and guest
+features, and holds them, field by field, against a published file whose signature it
+checked first.
+
+:func:`cut_release` is ``make release``: the pinned AmdSev firmware, a release build of the
+full profile (never a test build), one measurement per shape of :data:`RELEASE_SHAPES`, and
+the signed file, after :func:`check_release_key_file` refused a key kept in the checkout or
+readable by others (``docs/release.md``).
 
 ``image_digest`` is defined here, framed so that no two different triples hash alike::
 
@@ -35,32 +42,42 @@ import binascii
 import hashlib
 import json
 import re
+import stat
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from attestation.measure import launch_digest
+from attestation.measure import VMM_TYPES, Vmm, launch_digest
 from attestation.published import FORMAT, Published, load_published, sign_published
 from attestation.verdict import Check
 from enclave_image.lock import file_sha256
 
 __all__ = [
     "CMDLINE",
+    "GUEST_FEATURES",
+    "GUEST_POLICY",
     "IMAGE_DOMAIN",
     "INITRD",
     "KERNEL",
     "MODEL_DISK",
+    "RELEASE_SHAPES",
+    "RELEASE_VCPUS",
+    "RELEASE_VCPU_TYPES",
+    "VMM_TYPE",
     "WEIGHTS",
     "ImageInputs",
     "MissingInput",
     "Publication",
     "PublishError",
+    "Release",
     "TestBuildError",
+    "check_release_key_file",
     "compare_image",
+    "cut_release",
     "image_digest",
     "measure_image",
     "public_key_text",
@@ -77,6 +94,20 @@ MODEL_DISK = "model.img"
 #: The domain separator of :func:`image_digest`.
 IMAGE_DOMAIN = b"affidavit/image/v1\0"
 _VERSION = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._+-]*$")
+#: The vCPU counts and QEMU vCPU types every release measures (``docs/release.md``): the
+#: launch digest covers one VMSA per vCPU and each VMSA holds the vCPU type's CPUID
+#: signature, so each shape a host may launch needs its own published measurement.
+RELEASE_VCPUS: tuple[int, ...] = (1, 2, 4, 8, 16)
+RELEASE_VCPU_TYPES: tuple[str, ...] = ("EPYC-v4", "EPYC-Milan", "EPYC-Genoa", "EPYC-Turin")
+RELEASE_SHAPES: tuple[tuple[int, str], ...] = tuple(
+    (n, t) for t in RELEASE_VCPU_TYPES for n in RELEASE_VCPUS
+)
+#: The SNP launch every measurement assumes, recorded in the published file: QEMU's
+#: default guest policy (SMT allowed, reserved bit 17, ABI 0.0: no debug, no migration
+#: agent), QEMU's initial vCPU state, and SEV_FEATURES with SNP only.
+GUEST_POLICY = 0x30000
+VMM_TYPE: Vmm = "QEMU"
+GUEST_FEATURES = 0x1
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
 
@@ -231,6 +262,9 @@ def measure_image(
     version: str,
     weights_digest: str | None = None,
     allow_test_model: bool = False,
+    guest_policy: int = GUEST_POLICY,
+    vmm_type: Vmm = VMM_TYPE,
+    guest_features: int = GUEST_FEATURES,
 ) -> Published:
     """The published document for an image: its digests and one SNP measurement per launch.
 
@@ -242,6 +276,7 @@ def measure_image(
         weights_digest: the model weights' digest when the folder has none; when both are
             given they must agree.
         allow_test_model: measure a test build anyway (never for a release).
+        guest_policy, vmm_type, guest_features: the SNP launch measured, all recorded.
 
     Raises:
         TestBuildError: the image is a test build and ``allow_test_model`` is false.
@@ -260,6 +295,10 @@ def measure_image(
         raise PublishError(f"version {version!r}: letters, digits and ._+- only")
     if not launches:
         raise PublishError("no launch to measure: give at least one vCPU count and type")
+    if vmm_type not in VMM_TYPES:
+        raise PublishError(f"vmm type {vmm_type!r}: one of {', '.join(VMM_TYPES)}")
+    if not 0 <= guest_policy < 1 << 64:
+        raise PublishError(f"guest policy {guest_policy:#x} is not a 64-bit value")
     ovmf = Path(ovmf)
     if not ovmf.is_file():
         raise MissingInput(f"ovmf {ovmf} is missing")
@@ -283,6 +322,8 @@ def measure_image(
                 kernel=inputs.kernel,
                 initrd=inputs.initrd,
                 append=inputs.cmdline,
+                guest_features=guest_features,
+                vmm_type=vmm_type,
             ),
         }
         for vcpus, vcpu_type in launches
@@ -295,6 +336,9 @@ def measure_image(
             "model_weights_digest": weights,
             "kernel_cmdline": inputs.cmdline,
             "firmware": {"ovmf_sha256": file_sha256(ovmf)},
+            "guest_policy": f"{guest_policy:#x}",
+            "vmm_type": vmm_type,
+            "guest_features": f"{guest_features:#x}",
             "snp": snp,
         }
     )
@@ -329,7 +373,8 @@ def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str
     The fields: ``image_digest``, ``kernel_cmdline``, ``model_weights_digest`` (skipped when
     the image folder has no weights digest), ``firmware.ovmf_sha256`` (skipped when the file
     publishes none) and one ``snp[<vcpus> x <type>]`` per published launch, measured with
-    ``ovmf`` for that vCPU count and type exactly as :func:`measure_image` does; a test
+    ``ovmf`` for that vCPU count and type with the file's ``vmm_type`` and ``guest_features``
+    (QEMU and 0x1 for a file from before they were recorded); a test
     build gets a ``test_model`` line first, saying so (not a check: the fields then differ
     by themselves). The caller checks the file's signature first (``load_published``).
 
@@ -380,6 +425,8 @@ def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str
         checks.append(Check("firmware.ovmf_sha256", None, "not compared: none is published"))
     else:
         checks.append(same("firmware.ovmf_sha256", file_sha256(ovmf), promised_fw))
+    vmm: Vmm = published.vmm_type or VMM_TYPE
+    features = int(published.guest_features, 16) if published.guest_features else GUEST_FEATURES
     for launch in published.snp:
         ours = launch_digest(
             ovmf,
@@ -389,8 +436,119 @@ def compare_image(inputs: ImageInputs, published: Published, *, ovmf: Path | str
             kernel=inputs.kernel,
             initrd=inputs.initrd,
             append=inputs.cmdline,
+            guest_features=features,
+            vmm_type=vmm,
         )
         checks.append(same(f"snp[{launch.vcpus} x {launch.vcpu_type}]", ours, launch.measurement))
     if not published.snp:
         checks.append(Check("snp", None, f"not compared: {published.version} publishes none"))
     return checks
+
+
+#: Where this code runs from: a release key inside it could be committed by accident.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def check_release_key_file(path: Path | str, *, outside: Sequence[Path] = (CHECKOUT,)) -> Path:
+    """The release key file, if it is kept as ``docs/release.md`` says: outside every
+    folder of ``outside`` (the checkout) and readable by its owner only.
+
+    Raises:
+        MissingInput: no such file.
+        PublishError: the file is inside the checkout, or group or others may read or write it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise MissingInput(f"release key {path} is missing")
+    real = path.resolve()
+    for folder in outside:
+        if real.is_relative_to(folder.resolve()):
+            raise PublishError(
+                f"release key {path} is inside the checkout {folder}: keep it outside the"
+                " repository, offline (docs/release.md)"
+            )
+    mode = stat.S_IMODE(real.stat().st_mode)
+    if mode & 0o077:
+        raise PublishError(
+            f"release key {path} has mode {mode:#o}: group or others may read it;"
+            f" `chmod 600 {path}` (docs/release.md)"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class Release:
+    """What :func:`cut_release` built, measured and wrote."""
+
+    publication: Publication
+    image_dir: Path
+    ovmf: Path
+
+
+def cut_release(
+    version: str,
+    key_file: Path,
+    *,
+    measurements: Path,
+    build_dir: Path,
+    cache: Path,
+    ovmf: Path | None = None,
+    replace: bool = False,
+    say: Callable[[str], None] = lambda _: None,
+) -> Release:
+    """``make release``: check the key and the version, get the pinned AmdSev firmware,
+    build the full profile (a release build: the release model, epoch 0) into
+    ``build_dir``, measure every shape of :data:`RELEASE_SHAPES`, and write
+    ``<measurements>/<version>.json`` and its signature.
+
+    The key's public half must be ``<measurements>/release.pub``, the key auditors pin: a
+    new key is committed there first (rotation, ``docs/release.md``).
+
+    Raises:
+        MissingInput: the key, ``release.pub`` or the firmware is missing.
+        PublishError: a bad version or key, a key kept in the checkout or readable by others,
+            a key that is not ``release.pub``'s, a release already published (without
+            ``replace``), a firmware that is not the pinned one.
+        RuntimeError, enclave_image.inputs.InputError, inference.pull.PullError: the build.
+    """
+    from enclave_image.build import build_image
+    from enclave_image.ovmf import OVMF_SHA256, OvmfError, build_amdsev_ovmf
+
+    if not _VERSION.fullmatch(version):
+        raise PublishError(f"version {version!r}: letters, digits and ._+- only")
+    outside = [CHECKOUT]
+    if (measurements.resolve().parent / ".git").exists():  # another checkout's measurements/
+        outside.append(measurements.resolve().parent)
+    key = read_private_key(check_release_key_file(key_file, outside=outside))
+    pinned_pub = measurements / "release.pub"
+    if not pinned_pub.is_file():
+        raise MissingInput(f"{pinned_pub} is missing: the release key's public half goes there")
+    if pinned_pub.read_text(encoding="ascii").strip() != public_key_text(key):
+        raise PublishError(
+            f"the release key {key_file} is not the one {pinned_pub} pins ({public_key_text(key)}"
+            " is its public half): rotating keys commits the new public half first"
+            " (docs/release.md)"
+        )
+    target = measurements / f"{version}.json"
+    if target.exists() and not replace:
+        raise PublishError(f"{target} exists: a published release is not replaced (--replace)")
+    if ovmf is None:
+        say("firmware: the pinned AmdSev OVMF (built once, ~2 min, then reused)")
+        try:
+            ovmf = build_amdsev_ovmf(cache, expect=OVMF_SHA256).path
+        except OvmfError as exc:
+            raise MissingInput(f"the AmdSev OVMF: {exc}") from None
+    if not ovmf.is_file():
+        raise MissingInput(f"ovmf {ovmf} is missing")
+    if (got := file_sha256(ovmf)) != OVMF_SHA256:
+        raise PublishError(f"ovmf {ovmf} has sha256 {got}, not the pinned {OVMF_SHA256}")
+    say(f"build: the full profile, a release build, into {build_dir}")
+    built = build_image(
+        build_dir, cache, profile="full", epoch=0, say=lambda line: say(f"build: {line}")
+    )
+    image = read_image_dir(built.out_dir)
+    say(f"measure: {len(RELEASE_SHAPES)} shapes")
+    published = measure_image(image, ovmf=ovmf, launches=RELEASE_SHAPES, version=version)
+    return Release(
+        write_published(published, measurements, key, replace=replace), built.out_dir, ovmf
+    )

@@ -1,56 +1,59 @@
-"""Acceptance 7 of issue 8: every command in ``docs/auditor.md`` runs, in order, and does
-what the guide says it does.
+"""Issue 8 acceptance 7 and issue 17 line 2: every command in ``docs/auditor.md`` runs, in
+order, and does what the guide says it does, on the FULL profile, against a release cut the
+way ``make release`` cuts one, rebuilt from a second checkout.
 
 The test reads the guide's ```sh blocks (a line ending in ``\\`` continues on the next) and
-runs each command with ``bash -euc`` in a fresh working folder, with ``.venv/bin`` first on
-``PATH`` so ``affidavit`` is the real command line of this checkout. The guide's names
-(``$SRC``, ``$VERSION``, ``$OVMF``, ``$BUNDLE``, ``$KEY``, ``$TEST_ARK``) are environment
-variables set from real parts; ``-u`` makes a name the test does not set an error. Each
-command must match the next entry of :data:`EXPECTED` (its leading words, its exit code,
-the lines it must print), so a guide command that is changed, dropped or added without the
-test fails it.
+runs each command with ``bash -euc`` in a fresh working folder. The guide's names (``$SRC``,
+``$VERSION``, ``$BUNDLE``, ``$KEY``, ``$TEST_ARK``) are environment variables set from real
+parts; ``-u`` makes a name the test does not set an error. Each command must match the next
+entry of :data:`EXPECTED` (its leading words, its exit code, the lines it must print), so a
+guide command that is changed, dropped or added without the test fails it; that agreement
+is also checked without a build, in ``make test``.
 
-What is real: the reduced image, built twice (once by the test playing the release, then
-by the guide's own ``affidavit image build``: step 3 only matches when the two are
-byte-identical); ``affidavit image measure`` with a throwaway release key; a running
-appliance (the real proxy, control plane and record, no engine needed) whose session keeps
-the evidence through ``affidavit attest collect``; the exported bundle.
+What is real (``make test-long``: two full builds, ~15 min on 2 cores):
+
+- The release: ``make release``'s own command line, read from ``make -n release`` (so the
+  Makefile's recipe is what runs), from this checkout, with a throwaway key kept outside it
+  at mode 600: the pinned AmdSev firmware, a release build of the full profile (the release
+  model, never ``--test-model``), one SNP launch digest per shape of the release table, the
+  signed file.
+- The auditor: a second checkout (``checkouts.second_checkout``, another path) holding the
+  release's published file and signature in ``measurements/`` as a tag would, and its own
+  venv (``checkouts.second_venv``) whose ``affidavit`` runs that checkout's code. The
+  guide's firmware step, its full build and its comparison run there: step 4 only matches
+  when the two full builds, from two checkouts and two interpreters, are byte-identical.
+- A running appliance (the real proxy, control plane and record, no engine needed) whose
+  session keeps the evidence through ``affidavit attest collect``; the exported bundle.
 
 What is not, and why (the guide says the same):
 
 - The SEV-SNP report is a test double: a synthetic version-5 report signed by a throwaway
   ARK → ASK → VCEK chain (``tests/attestation/snp_double.py``), whose MEASUREMENT is the one
-  the release published for the built image and whose report_data binds the appliance's
-  real log key and sealing key. No TEE exists here.
+  the release published for 4 × EPYC-v4, whose guest policy is the published one, and whose
+  report_data binds the appliance's real log key and sealing key. No TEE exists here.
 - The AMD-root problem. AMD's pinned roots rightly reject that chain, so the guide's steps
-  4 and 5, run verbatim, must exit 1; the test asserts exactly which check fails
+  5 and 6, run verbatim, must exit 1; the test asserts exactly which check fails
   (``chain.ark_pinned``, and bind-check's ``evidence`` line that reports it) and that every
-  other check, the published measurement and the binding included, passes. It then runs
-  the guide's rehearsal commands, the same two with ``--trusted-root $TEST_ARK`` (the test
-  chain's ARK), and asserts that they accept AND that the output says, as a ``skip
-  trust.amd_roots: NOT checked`` line, that AMD's roots were replaced. We chose an explicit
-  option over a verifier swapped in behind the CLI so that the commands run are the ones a
-  person can run, and a verdict reached with the test chain cannot be mistaken for one
-  against AMD's roots.
-- The firmware is ``$AFFIDAVIT_OVMF`` if set, else the lock's AmdSev OVMF if ``make ovmf``
-  built it, else the public sev-snp-measure AmdSev OVMF suffix vector (enough to compute a
-  measurement, not a bootable firmware); the release and the audit use the same file.
-- The package cache is the checkout's ``.affidavit/image-cache`` (a symlink in the working
-  folder points at it; cold on a fresh clone, where the first build fetches the pinned
-  inputs), so a warm build takes ~35 s.
+  other check, the published measurement, the guest policy and the binding included,
+  passes. It then runs the guide's rehearsal commands, the same two with ``--trusted-root
+  $TEST_ARK`` (the test chain's ARK), and asserts that they accept AND that the output says,
+  as a ``skip trust.amd_roots: NOT checked`` line, that AMD's roots were replaced.
+- The caches are warm: the working folder's ``.affidavit/image-cache`` is a symlink to this
+  checkout's, where ``make ovmf`` built the firmware (the release command builds it, ~2 min,
+  when it is not there) and the pinned packages are kept.
 
 Negative checks: the guide's compare command on a rebuilt image with one flipped initrd
-byte exits 1 naming ``image_digest`` and the SNP measurement; on a published file with one
-changed byte it exits 1 at the signature; a missing OVMF exits 3.
+byte exits 1 naming ``image_digest`` and every SNP shape; on a published file with one
+changed byte it exits 1 at the signature; without the firmware it exits 3.
 """
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -63,23 +66,22 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from attestation.binding import report_data
 from attestation.certs import load_certs
 from attestation.published import load_published, read_public_key
-from enclave_image.build import build_reduced
+from enclave_image.ovmf import OVMF_FILE, OVMF_SHA256
+from enclave_image.publish import RELEASE_SHAPES, public_key_text
 from harness.cli import main
 from harness.state import Home
 from record.bundle import export_stream
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
 from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, fake_amd, v5_report
+from tests.enclave_image.checkouts import second_checkout, second_venv
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "auditor.md"
 CACHE = REPO / ".affidavit" / "image-cache"
 BIN = REPO / ".venv" / "bin"
-VECTOR_OVMF = (
-    REPO.parent / "shared/vectors/attestation/measurement/sev-snp-measure/ovmf_AmdSev_suffix.bin"
-)
 VERSION = "0.0.0-audit"
-LAUNCH = ("4", "EPYC-v4")
+LAUNCH = ("4", "EPYC-v4")  # the shape the evidence double was launched with
 
 
 @dataclass
@@ -95,7 +97,13 @@ class Step:
 #: The guide's commands, in order. A FAIL list of ``[]`` means no check may fail.
 EXPECTED = [
     Step("cat ", 0, [r"^[A-Za-z0-9+/]{43}=$"]),
-    Step("affidavit image build --profile reduced", 0, [r"^profile: reduced$"]),
+    Step("affidavit image ovmf", 0, [rf"^ovmf .*/{OVMF_FILE}$", rf"^sha256  {OVMF_SHA256} "]),
+    Step("grep ", 0, [rf'"ovmf_sha256": "{OVMF_SHA256}"']),
+    Step(
+        "affidavit image build --profile full",
+        0,
+        [r"^profile: full$", r"^test_model: None$", r"^app: .*app\.img$"],
+    ),
     Step(
         "affidavit image compare",
         0,
@@ -104,8 +112,8 @@ EXPECTED = [
             r"^ok   image_digest: sha256:[0-9a-f]{64}$",
             r"^ok   kernel_cmdline: console=ttyS0 .*dm-mod\.create=",
             r"^ok   model_weights_digest: sha256:[0-9a-f]{64}$",
-            r"^ok   firmware\.ovmf_sha256: [0-9a-f]{64}$",
-            rf"^ok   snp\[{LAUNCH[0]} x {LAUNCH[1]}\]: [0-9a-f]{{96}}$",
+            rf"^ok   firmware\.ovmf_sha256: {OVMF_SHA256}$",
+            *(rf"^ok   snp\[{n} x {t}\]: [0-9a-f]{{96}}$" for n, t in RELEASE_SHAPES),
             rf"^match: the rebuilt image is what {VERSION} publishes$",
         ],
         exact_fails=[],
@@ -120,7 +128,9 @@ EXPECTED = [
             r"^FAIL chain\.ark_pinned: .* is none of the pinned roots \(Genoa, Milan, Turin\)$",
             r"^ok   published\.signature: ",
             rf"^ok   published\.snp: measurement matches {VERSION} \(4 × EPYC-v4\)$",
-            r"^verdict: REJECT$",
+            rf"^ok   published\.guest_policy: guest policy 0x30000 is the one {VERSION} publishes$",
+            r"^skip chain\.revocation: no CRL given \(--crl\): revocation was not checked$",
+            r"^verdict: REJECT \(1 not checked: see the skip lines\)$",
         ],
         exact_fails=["chain.ark_pinned"],
     ),
@@ -148,7 +158,9 @@ EXPECTED = [
             r"^skip trust\.amd_roots: NOT checked: the chain was held to --trusted-root ",
             r"^ok   chain\.ark_pinned: .* is the --trusted-root Turin root ",
             rf"^ok   published\.snp: measurement matches {VERSION} ",
-            r"^verdict: accept \(1 not checked: see the skip lines\)$",
+            r"^ok   published\.guest_policy: guest policy 0x30000 ",
+            r"^skip chain\.revocation: no CRL given \(--crl\): revocation was not checked$",
+            r"^verdict: accept \(2 not checked: see the skip lines\)$",
         ],
         exact_fails=[],
     ),
@@ -185,40 +197,67 @@ def guide_commands(text: str) -> list[str]:
 
 @dataclass
 class Audit:
-    """What the guide's names stand for, and the folders around them."""
+    """What the guide's names stand for, and the folders and programs around them."""
 
     env: dict[str, str]
     root: Path
     cache: Path
+    path: str = ""  # where the guide's `affidavit` is found: the second checkout's venv
+    pythonpath: str = ""  # the second checkout's code
 
 
 def _need() -> str | None:
-    for tool in ("apt-get", "dpkg-deb", "bash"):
+    for tool in ("apt-get", "dpkg-deb", "mksquashfs", "bash", "make", "git"):
         if shutil.which(tool) is None:
-            return f"{tool} is not installed (the reduced build needs it)"
+            return f"{tool} is not installed (make system-deps)"
     if not (BIN / "affidavit").is_file():
         return f"{BIN / 'affidavit'} is missing (make dev)"
-    if not _ovmf().is_file():
-        return f"{_ovmf()} is absent (set AFFIDAVIT_OVMF, or ../shared/vectors)"
     return None
 
 
-#: The firmware the lock pins, when ``make ovmf`` has built it into the checkout's cache.
-BUILT_OVMF = REPO / ".affidavit" / "image-cache" / "ovmf" / "OVMF.amdsev.fd"
+def release_command(key: Path, measurements: Path, build: Path) -> str:
+    """``make release``'s command line for this release, as ``make -n`` prints it."""
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "release", f"VERSION={VERSION}",
+         f"RELEASE_KEY={key}", f"RELEASE_MEASUREMENTS={measurements}", f"RELEASE_BUILD={build}"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    (line,) = re.findall(r"^\S*affidavit image release .*$", done.stdout, flags=re.M)
+    return line
 
 
-def _ovmf() -> Path:
-    """``$AFFIDAVIT_OVMF``, else the lock's AmdSev firmware if built here, else the vector."""
-    given = os.environ.get("AFFIDAVIT_OVMF")
-    if given:
-        return Path(given)
-    return BUILT_OVMF if BUILT_OVMF.is_file() else VECTOR_OVMF
+def _throwaway_key(where: Path) -> Ed25519PrivateKey:
+    """A release key as docs/release.md keeps one: outside the checkout, mode 600."""
+    key = Ed25519PrivateKey.generate()
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.touch(mode=0o600)
+    where.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    assert stat.S_IMODE(where.stat().st_mode) == 0o600
+    return key
+
+
+def _auditor_affidavit(venv_python: Path) -> Path:
+    """The second venv's ``affidavit`` console script, as pip writes one: its interpreter runs
+    ``harness.cli`` from ``PYTHONPATH``, the second checkout."""
+    script = venv_python.parent / "affidavit"
+    script.write_text(
+        f"#!{venv_python}\nimport sys\nfrom harness.cli import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    return script
 
 
 @pytest.fixture(scope="module")
 def audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audit]:
-    """The release (a build, its measurements signed with a throwaway key), then an
-    appliance that keeps SNP evidence of that measurement in a session, and its bundle."""
+    """The release (make release's command, a throwaway key), the second checkout holding its
+    published file as a tag would, then an appliance that keeps SNP evidence of that
+    measurement in a session, and its bundle."""
     reason = _need()
     if reason is not None:
         print(f"auditor guide test skipped: {reason}")
@@ -226,29 +265,39 @@ def audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audit]:
     root = tmp_path_factory.mktemp("audit")
     cache = CACHE  # builds sharing it are safe: each builds our wheel in its own folder
     cache.mkdir(parents=True, exist_ok=True)
+    # the auditor's source first: the same files the release is about to be built from
+    src = second_checkout(root / "elsewhere" / "deeper" / "src")
 
-    # the release: build, measure, sign (the release engineer's side, not the guide's)
-    image = build_reduced(root / "release-image", cache, epoch=0).out_dir
-    src = root / "src"
-    key = Ed25519PrivateKey.generate()  # throwaway: the release key never enters the repo
-    key_file = root / "release.key"
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    argv = ["image", "measure", str(image), "--ovmf", str(_ovmf()), "--vcpus", LAUNCH[0]]
-    argv += ["--vcpu-type", LAUNCH[1], "--version", VERSION, "--release-key", str(key_file)]
-    assert main([*argv, "--out", str(src / "measurements")]) == 0
-    pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    (src / "measurements" / "release.pub").write_text(base64.b64encode(pub).decode() + "\n")
+    # the release: make release's own command (the maintainer's side, not the guide's)
+    key_file = root / "keys" / "release.pem"
+    key = _throwaway_key(key_file)
+    released = root / "release" / "measurements"
+    released.mkdir(parents=True)
+    (released / "release.pub").write_text(public_key_text(key) + "\n")
+    command = release_command(key_file, released, root / "release" / "image")
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    done = subprocess.run(
+        ["bash", "-euc", command], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=2400, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"$ {command}\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    print(done.stdout[-3000:])
+    # what a maintainer commits, and the key an auditor's checkout pins
+    for name in (f"{VERSION}.json", f"{VERSION}.json.sig", "release.pub"):
+        shutil.copyfile(released / name, src / "measurements" / name)
     published = load_published(
         src / "measurements" / f"{VERSION}.json",
         read_public_key(src / "measurements" / "release.pub"),
     )
-    (measurement,) = [s.measurement for s in published.snp]
+    assert {(s.vcpus, s.vcpu_type) for s in published.snp} == set(RELEASE_SHAPES)
+    assert (published.guest_policy, published.vmm_type, published.guest_features) == (
+        "0x30000", "QEMU", "0x1",
+    )  # fmt: skip
+    (measurement,) = [
+        s.measurement
+        for s in published.snp
+        if (str(s.vcpus), s.vcpu_type) == LAUNCH
+    ]  # fmt: skip
 
     # the appliance: real proxy, control plane and record; the TEE is the test double
     from harness.session import open_session
@@ -270,7 +319,7 @@ def audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audit]:
             chain.vek_key,
             measurement=bytes.fromhex(measurement),
             report_data=report_data(log_key, sealing, bytes(range(32))),
-            policy=0x30000,  # not a debug guest
+            policy=int(published.guest_policy or "0", 16),  # the published one: no debug
         )
         (root / "report.bin").write_bytes(report)
         vek_pem = load_certs(chain.vek)[0].public_bytes(serialization.Encoding.PEM)
@@ -284,36 +333,39 @@ def audit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Audit]:
 
     ark = next(c for c in load_certs(chain.chain) if c.subject == c.issuer)
     (root / "test-ark.pem").write_bytes(ark.public_bytes(serialization.Encoding.PEM))
-    env = {
+    names = {
         "SRC": str(src),
         "VERSION": VERSION,
-        "OVMF": str(_ovmf()),
         "BUNDLE": str(bundle),
         "KEY": str(home.user_key_file),
         "TEST_ARK": str(root / "test-ark.pem"),
     }
-    yield Audit(env, root, cache)
+    auditor = _auditor_affidavit(second_venv(root / "auditor-venv"))
+    yield Audit(names, root, cache, path=str(auditor.parent), pythonpath=str(src))
 
 
 def run_command(command: str, audit: Audit, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("SOURCE_DATE_EPOCH", "AFFIDAVIT_HOME")}
+    drop = ("SOURCE_DATE_EPOCH", "AFFIDAVIT_HOME", "VIRTUAL_ENV", "PYTHONPATH")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(audit.env)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{audit.path}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = audit.pythonpath
     return subprocess.run(
         ["bash", "-euc", command],
         cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=2400,
         check=False,
     )
 
 
-def _work(audit: Audit, name: str) -> Path:
+def _work(audit: Audit, name: str, *, cache: bool = True) -> Path:
     work = audit.root / name
     (work / ".affidavit").mkdir(parents=True)
-    (work / ".affidavit" / "image-cache").symlink_to(audit.cache, target_is_directory=True)
+    if cache:
+        (work / ".affidavit" / "image-cache").symlink_to(audit.cache, target_is_directory=True)
     return work
 
 
@@ -333,12 +385,28 @@ def _check(step: Step, command: str, done: subprocess.CompletedProcess[str]) -> 
         assert _fails(done.stdout) == step.exact_fails, said
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
+def _guide() -> list[str]:
+    return guide_commands(GUIDE.read_text())
+
+
+def test_the_guide_commands_are_the_ones_the_long_test_checks() -> None:
+    """In ``make test``: a guide command changed, dropped or added without the long test
+    fails here already, and the guide builds the full profile, never a test build."""
+    commands = _guide()
+    assert len(commands) == len(EXPECTED), "\n".join(commands)
+    for step, command in zip(EXPECTED, commands, strict=True):
+        assert command.startswith(step.starts), (step.starts, command)
+    assert "--test-model" not in "\n".join(commands)
+    names = set(re.findall(r"\$\{?([A-Z_]+)", "\n".join(commands)))
+    assert names == {"SRC", "VERSION", "BUNDLE", "KEY", "TEST_ARK"}, names
+
+
+@pytest.mark.long
+@pytest.mark.timeout(5400)
 def test_every_command_in_the_auditor_guide_runs_and_says_what_the_guide_says(
     audit: Audit,
 ) -> None:
-    commands = guide_commands(GUIDE.read_text())
+    commands = _guide()
     assert len(commands) == len(EXPECTED), "\n".join(commands)
     names = set(re.findall(r"\$\{?([A-Z_]+)", "\n".join(commands)))
     assert names == set(audit.env), (
@@ -352,38 +420,46 @@ def test_every_command_in_the_auditor_guide_runs_and_says_what_the_guide_says(
     # the key the guide prints is the key that signed the published file
     first = run_command(commands[0], audit, work).stdout.strip()
     assert first == (Path(audit.env["SRC"]) / "measurements/release.pub").read_text().strip()
+    # the guide's `affidavit` was the second checkout's, started by the second venv
+    where = run_command(
+        "affidavit --help >/dev/null && command -v affidavit && head -1 \"$(command -v affidavit)\"",
+        audit, work,
+    )  # fmt: skip
+    assert where.stdout.splitlines()[0].startswith(audit.path), where.stdout
+    assert str(BIN) not in where.stdout, where.stdout
 
     # negative: one flipped initrd byte in the rebuilt image
-    compare = commands[2]
-    bad = audit.root / "tampered"
-    bad.mkdir()
-    shutil.copytree(work / "rebuilt", bad / "rebuilt")
+    (compare,) = [c for c in commands if c.startswith("affidavit image compare")]
+    bad = _work(audit, "tampered")
+    (bad / "rebuilt").mkdir()
+    for part in (work / "rebuilt").iterdir():  # not the disks: compare reads their digests
+        if not part.name.endswith((".img", ".verity")) or part.name == "initrd.img":
+            shutil.copyfile(part, bad / "rebuilt" / part.name)
     initrd = bad / "rebuilt" / "initrd.img"
     data = bytearray(initrd.read_bytes())
     data[len(data) // 2] ^= 0x01
     initrd.write_bytes(bytes(data))
     done = run_command(compare, audit, bad)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert _fails(done.stdout) == ["image_digest", f"snp[{LAUNCH[0]}"], done.stdout
+    shapes = [f"snp[{n}" for n, _ in RELEASE_SHAPES]
+    assert _fails(done.stdout) == ["image_digest", *shapes], done.stdout
     assert "ok   kernel_cmdline" in done.stdout and "MISMATCH" in done.stdout
 
     # negative: a published file with one changed byte is not believed at all
     forged = audit.root / "forged"
-    shutil.copytree(Path(audit.env["SRC"]), forged)
+    shutil.copytree(Path(audit.env["SRC"]) / "measurements", forged / "measurements")
     doc = forged / "measurements" / f"{VERSION}.json"
-    doc.write_text(doc.read_text().replace('"vcpus": 4', '"vcpus": 5'))
-    done = run_command(
-        compare, Audit({**audit.env, "SRC": str(forged)}, audit.root, audit.cache), work
-    )
+    doc.write_text(doc.read_text().replace('"vcpus": 4', '"vcpus": 5', 1))
+    done = run_command(compare, Audit({**audit.env, "SRC": str(forged)}, audit.root,
+                                      audit.cache, audit.path, audit.pythonpath), work)  # fmt: skip
     assert done.returncode == 1
     assert _fails(done.stdout) == ["signature"], done.stdout
     assert "image_digest" not in done.stdout
 
-    # usage: no such firmware is "missing" (3)
-    gone = Audit(
-        {**audit.env, "OVMF": str(audit.root / "no-such-ovmf.fd")}, audit.root, audit.cache
-    )
-    done = run_command(compare, gone, work)
+    # usage: a working folder without the firmware: "missing" (3)
+    bare = _work(audit, "no-firmware", cache=False)
+    (bare / "rebuilt").symlink_to(work / "rebuilt", target_is_directory=True)
+    done = run_command(compare, audit, bare)
     assert done.returncode == 3 and "missing" in done.stderr, done.stderr
 
 

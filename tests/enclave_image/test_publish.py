@@ -15,23 +15,29 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from attestation.certs import load_certs
 from attestation.measure import launch_digest
 from attestation.published import (
     SignatureMismatch,
     check_published,
     load_published,
     read_public_key,
+    sign_published,
 )
 from attestation.verdict import Verdict
 from enclave_image.initrd import write_initrd
 from enclave_image.publish import (
     PublishError,
+    compare_image,
     image_digest,
     measure_image,
+    public_key_text,
     read_image_dir,
     read_private_key,
+    write_published,
 )
 from harness.cli import main
+from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, fake_amd, v5_report
 
 OVMF = (
     Path(__file__).resolve().parents[2].parent
@@ -130,7 +136,8 @@ def test_measure_publishes_what_attest_verify_accepts(
     assert published.image_digest == "sha256:" + hashlib.sha256(framed).hexdigest()
 
     # a report whose measurement is one of these passes the published.snp check
-    verdict = Verdict(kind="snp", facts={"measurement": published.snp[1].measurement})
+    facts = {"measurement": published.snp[1].measurement, "policy": "0x30000"}
+    verdict = Verdict(kind="snp", facts=facts)
     check_published(verdict, published)
     assert verdict.accepted
 
@@ -250,3 +257,99 @@ def test_measure_refuses_a_test_build_unless_told(
     # the same folder as a release build's (test_model null) is measured as before
     write_inputs(image, {"profile": "full"}, model={"name": "smollm2-135m"}, test_model=None)
     assert main([*argv, "--replace"]) == 0
+
+
+def test_the_launch_is_recorded_and_compare_recomputes_with_it(tmp_path: Path, ovmf: Path) -> None:
+    """Issue 17 line 2: the published file records the guest policy, VMM type and guest
+    features it measured, and ``compare`` recomputes with the file's, not a default."""
+    image = read_image_dir(make_image(tmp_path / "image"))
+    key = write_key(tmp_path / "k", "pem")
+    published = measure_image(image, ovmf=ovmf, launches=[(2, "EPYC-Milan")], version="2.0.0")
+    assert (published.guest_policy, published.vmm_type, published.guest_features) == (
+        "0x30000",
+        "QEMU",
+        "0x1",
+    )
+    written = json.loads(write_published(published, tmp_path / "m", key).path.read_text())
+    assert {k: written[k] for k in ("guest_policy", "vmm_type", "guest_features")} == {
+        "guest_policy": "0x30000",
+        "vmm_type": "QEMU",
+        "guest_features": "0x1",
+    }
+    assert written["kernel_cmdline"] == CMDLINE
+
+    restricted = measure_image(
+        image, ovmf=ovmf, launches=[(2, "EPYC-Milan")], version="2.0.1", guest_features=0x21
+    )
+    assert restricted.guest_features == "0x21"
+    assert restricted.snp[0].measurement != published.snp[0].measurement
+    assert all(c.ok is not False for c in compare_image(image, restricted, ovmf=ovmf))
+    # a file claiming 0x1 for the 0x21 measurement: only the launch differs
+    lying = restricted.model_copy(update={"guest_features": "0x1"})
+    fails = [c.name for c in compare_image(image, lying, ovmf=ovmf) if c.ok is False]
+    assert fails == ["snp[2 x EPYC-Milan]"]
+    with pytest.raises(PublishError, match="vmm type"):
+        measure_image(image, ovmf=ovmf, launches=[(1, "EPYC")], version="1", vmm_type="xen")  # type: ignore[arg-type]
+
+
+def test_a_file_from_before_the_launch_fields_still_reads(tmp_path: Path, ovmf: Path) -> None:
+    """Older published files have no guest_policy, vmm_type or guest_features: they load,
+    compare as QEMU with guest features 0x1, and add no guest-policy check."""
+    image = read_image_dir(make_image(tmp_path / "image"))
+    key = write_key(tmp_path / "k", "pem")
+    doc = measure_image(image, ovmf=ovmf, launches=[(1, "EPYC-v4")], version="0.9.0").model_dump(
+        mode="json", exclude_defaults=True
+    )
+    for name in ("guest_policy", "vmm_type", "guest_features"):
+        del doc[name]
+    path = tmp_path / "0.9.0.json"
+    path.write_text(json.dumps(doc))
+    path.with_name("0.9.0.json.sig").write_text(sign_published(path.read_bytes(), key))
+    old = load_published(path, key.public_key())
+    assert (old.guest_policy, old.vmm_type, old.guest_features) == (None, None, None)
+    assert all(c.ok for c in compare_image(image, old, ovmf=ovmf) if c.name.startswith("snp"))
+    verdict = Verdict(kind="snp", facts={"measurement": old.snp[0].measurement, "policy": "0x0"})
+    check_published(verdict, old)
+    assert [c.name for c in verdict.checks] == ["published.snp"] and verdict.accepted
+
+
+@pytest.mark.parametrize(
+    ("policy", "held"),
+    [
+        (0x30000, True),  # the published one
+        (0xB0000, False),  # debug allowed (bit 19)
+        (0x70000, False),  # a migration agent allowed (bit 18)
+        (0x20000, False),  # SMT not allowed: stricter, but not the launch the release names
+        (0x30001, False),  # another minimum ABI
+    ],
+)
+def test_attest_verify_holds_the_report_to_the_published_guest_policy(
+    tmp_path: Path, ovmf: Path, policy: int, held: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``attest verify --published``: the VMM picks the guest policy and the launch digest
+    does not cover it, so the report's must be exactly the published ``guest_policy``."""
+    image = read_image_dir(make_image(tmp_path / "image"))
+    key = write_key(tmp_path / "k", "pem")
+    published = measure_image(image, ovmf=ovmf, launches=[(1, "EPYC-v4")], version="3.0.0")
+    path = write_published(published, tmp_path / "m", key).path
+    (tmp_path / "release.pub").write_text(public_key_text(key) + "\n")
+    chain = fake_amd("Turin", TURIN_TCB, CHIP_ID[:8])
+    report = v5_report(
+        chain.vek_key, measurement=bytes.fromhex(published.snp[0].measurement), policy=policy
+    )
+    (tmp_path / "report.bin").write_bytes(report)
+    vek = load_certs(chain.vek)[0].public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "certs.pem").write_bytes(vek + chain.chain)
+    ark = next(c for c in load_certs(chain.chain) if c.subject == c.issuer)
+    (tmp_path / "ark.pem").write_bytes(ark.public_bytes(serialization.Encoding.PEM))
+    argv = ["attest", "verify", "--kind", "snp", "--evidence", str(tmp_path / "report.bin")]
+    argv += ["--certs", str(tmp_path / "certs.pem"), "--published", str(path)]
+    argv += ["--release-key", str(tmp_path / "release.pub"), "--trusted-root"]
+    argv.append(str(tmp_path / "ark.pem"))
+    capsys.readouterr()
+    main(argv)
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "published.guest_policy" in x)
+    assert line.startswith("ok  " if held else "FAIL"), out
+    assert f"{policy:#x}" in line
+    assert "ok   published.snp: measurement matches 3.0.0" in out
