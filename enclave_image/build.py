@@ -406,8 +406,22 @@ def model_tree(
     return record
 
 
+def _normal_modes(tree: Path) -> None:
+    """Modes that do not depend on the umask the build ran under: folders 0755, files 0755
+    when their owner may run them, else 0644 (``mksquashfs -all-root`` fixes owners, not
+    modes). Under umask 077 pip writes 0600 files, which no service uid could read."""
+    for folder, _dirs, files in os.walk(tree):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):  # a link has no mode of its own to set
+                os.chmod(path, 0o755 if os.stat(path).st_mode & 0o100 else 0o644)
+
+
 def _squashfs(tree: Path, out: Path, epoch: int) -> None:
-    """A reproducible squashfs of ``tree`` (fixed times and owners, one sorted order)."""
+    """A reproducible squashfs of ``tree`` (fixed times, owners and modes, one sorted
+    order)."""
+    _normal_modes(tree)
     out.unlink(missing_ok=True)
     run_tool(["mksquashfs", str(tree), str(out), "-noappend", "-quiet", "-no-progress",
           "-reproducible", "-mkfs-time", str(epoch), "-all-time", str(epoch), "-all-root",
