@@ -94,6 +94,15 @@ class _TcbChecks:
     pck_ext: PckExtension | None
     add: Callable[[str, bool | None, str], None]
 
+    def check_tcb(self, tcb: _Signed, qe: _Signed) -> None:
+        """What the collateral says of this platform: its QE, the TCB info's platform, the
+        TDX module, and the TCB level with its converged status."""
+        qe_status = self.check_qe_identity(qe)
+        why = tcb.parse_problem or tcb.problem or "no readable tcbInfo"
+        platform_ok = self.check_platform(tcb.doc, why)
+        module = self.check_tdx_module(tcb.doc)
+        self.check_tcb_level(tcb, module, qe_status, platform_ok)
+
     def check_qe_identity(self, signed: _Signed) -> tuple[str, list[str]] | None:
         name = "qe_identity"
         doc = signed.doc
@@ -301,7 +310,7 @@ class _TcbChecks:
         try:
             levels = _get(doc, "tcbLevels", list, "tcbInfo")
             matched: tuple[str, list[str], str] | None = None
-            closest = ""
+            closest = "tcbInfo lists no TCB level"
             for i, level in enumerate(levels):
                 where = f"tcbInfo.tcbLevels[{i}]"
                 if not isinstance(level, dict):
@@ -326,7 +335,9 @@ class _TcbChecks:
                     status, advisories = _status(level, where)
                     matched = (status, advisories, str(level.get("tcbDate", "?")))
                     break
-                closest = f"lowest, level {i} ({level.get('tcbStatus')}), needs " + ", ".join(short)
+                closest = f"the lowest, level {i} ({level.get('tcbStatus')}), needs " + ", ".join(
+                    short
+                )
         except _Bad as exc:
             self.add(name, False, str(exc))
             return
@@ -336,7 +347,7 @@ class _TcbChecks:
                 False,
                 f"no TCB level matches (TCB not supported): the PCK's SGX components "
                 f"{list(ext.cpusvn_components)}, PCESVN {ext.pcesvn}, TEE_TCB_SVN "
-                f"{self.quote.body.tee_tcb_svn.hex()}; the {closest}",
+                f"{self.quote.body.tee_tcb_svn.hex()}; {closest}",
             )
             return
         status, advisories, date = matched
