@@ -44,6 +44,8 @@ PACKAGES = (
     "measurements",
     "fuzz",
 )
+#: downloads the tests pin by hash and keep (``test_nvidia_rim.py``'s wheel of NVIDIA's RIMs)
+TEST_CACHE = ".affidavit/test-cache"
 #: mutmut's exit codes, as ``mutmut.stats.status_by_exit_code`` reads them
 KILLED = {1, 3, 37}
 SURVIVED = {0}
@@ -115,7 +117,9 @@ TARGETS: dict[str, Target] = {
             T + "egress_proxy/test_session_restore.py",
         ),
     ),
-    "attestation/snp.py": Target(("attestation/snp.py",), (T + "attestation/test_snp.py",)),
+    "attestation/snp.py": Target(  # with the CRL through the verifier (chain.revocation)
+        ("attestation/snp.py",), (T + "attestation/test_snp.py", T + "attestation/test_amd_crl.py")
+    ),
     "attestation/tdx": Target(
         (
             "attestation/tdx.py",
@@ -124,10 +128,35 @@ TARGETS: dict[str, Target] = {
             "attestation/tdx_certs.py",
             "attestation/tdx_collateral.py",
         ),
-        (T + "attestation/test_tdx.py",),
+        # the collateral and TCB checks on a test double of Intel's PKI first (about a second)
+        (T + "attestation/test_tdx_collateral.py", T + "attestation/test_tdx.py"),
     ),
-    "attestation/nvidia.py": Target(
-        ("attestation/nvidia.py",), (T + "attestation/test_nvidia.py",)
+    "attestation/nvidia.py": Target(  # with the RIM checks it hands NVIDIA's RIMs to
+        ("attestation/nvidia.py",),
+        (T + "attestation/test_nvidia.py", T + "attestation/test_nvidia_rim.py"),
+    ),
+    # the attestation policy: its rules on facts written out first (about a second), then on
+    # real SNP evidence, then the verdict and the CLI that state it
+    "attestation/policy.py": Target(
+        ("attestation/policy.py",),
+        (
+            T + "attestation/test_policy_unit.py",
+            T + "attestation/test_snp_policy.py",
+            T + "attestation/test_verdict.py",
+            T + "attestation/test_verdict_output.py",
+            T + "attestation/test_attest_cli.py",
+        ),
+    ),
+    "attestation/amd_crl.py": Target(  # the check as a unit first, then through the verifier
+        ("attestation/amd_crl.py",),
+        (T + "attestation/test_amd_crl_unit.py", T + "attestation/test_amd_crl.py"),
+    ),
+    "attestation/snp_cert_table.py": Target(
+        ("attestation/snp_cert_table.py",), (T + "attestation/test_snp_cert_table.py",)
+    ),
+    # NVIDIA's real RIMs, from the wheel cached in .affidavit/test-cache (copied in beside)
+    "attestation/nvidia_rim.py": Target(
+        ("attestation/nvidia_rim.py",), (T + "attestation/test_nvidia_rim.py",)
     ),
     "attestation/verdict.py": Target(
         ("attestation/verdict.py",),
@@ -189,6 +218,11 @@ def _prepare(name: str, target: Target) -> Path:
     link = work / "shared"
     if shared.is_dir() and not link.exists():
         link.symlink_to(shared)
+    # what the tests downloaded once (hash-pinned), copied into mutmut's copy by also_copy
+    cache = ROOT / TEST_CACHE
+    if cache.is_dir():
+        shutil.rmtree(work / TEST_CACHE, ignore_errors=True)
+        shutil.copytree(cache, work / TEST_CACHE)
     config = "\n".join(
         [
             "",
@@ -197,6 +231,7 @@ def _prepare(name: str, target: Target) -> Path:
             f"only_mutate = {_toml_list(target.files)}",
             f"pytest_add_cli_args_test_selection = {_toml_list([*target.tests, *target.pytest_args])}",
             'pytest_add_cli_args = ["-p", "no:cacheprovider"]',
+            f"also_copy = {_toml_list([TEST_CACHE])}",
             "use_git_change_detection = false",
             # a mutant that loops forever (a Merkle split that never shrinks) is stopped after
             # (test CPU time + 1) * 2 * this many CPU seconds; mutmut's 15 spends minutes each

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from attestation.amd_crl import CrlError, crl_url, fetch_crl
@@ -21,7 +22,14 @@ from attestation.policy import Policy, apply_policy
 from attestation.snp import verify_snp, verify_snp_chain
 from attestation.verdict import Check, Verdict
 from harness.cli import main
-from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, FakeAmd, fake_amd, v5_report
+from tests.attestation.snp_double import (
+    CHIP_ID,
+    TURIN_TCB,
+    FakeAmd,
+    fake_amd,
+    v5_report,
+    vek_with_extensions,
+)
 
 NOW = datetime(2025, 6, 1, tzinfo=UTC)
 
@@ -225,3 +233,14 @@ def test_cli_fetch_crl_from_the_stand_in_kds(
     del kds.crls["/vcek/v1/Turin/crl"]
     assert main(_args(tmp_path, amd, "--fetch-crl", "--kds", kds.url)) == 3
     assert "/vcek/v1/Turin/crl: HTTP 404" in capsys.readouterr().err
+
+
+def test_a_revoked_key_certificate_whose_kind_is_unknown_is_named_vek(amd: FakeAmd) -> None:
+    vek = vek_with_extensions({"3.1": b"\xff"})  # a TCB that does not parse: no VCEK/VLEK kind
+    serial = x509.load_der_x509_certificate(vek).serial_number
+    report = v5_report(amd.vek_key)
+    crl = amd.crl(revoked=(serial,))
+    verdict = verify_snp(report, vek, amd.chain, now=NOW, trusted_roots=amd.roots, crl=crl)
+    assert _revocation(verdict).detail == (
+        f"VEK SEV-VCEK (serial {serial:#x}) is revoked since 2025-05-01T00:00:00Z"
+    )

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,12 +28,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from attestation.certs import spki_sha256
+from attestation.certs import load_certs, spki_sha256
 from attestation.nvidia import format_vbios_version, parse_nvidia_evidence, verify_nvidia
 from attestation.nvidia_rim import (
     NVIDIA_RIM_ROOT_SPKI_SHA256,
     Rim,
     RimError,
+    check_rims,
     parse_rim,
     verify_rim_signature,
 )
@@ -425,3 +427,208 @@ def test_rim_through_the_command_with_its_exit_codes(
     assert "FAIL rim.signature: " in capsys.readouterr().out
     assert main(base) == 0  # without --rim: the RIM checks stay "not checked"
     assert "skip rim.driver: not checked offline" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- each detail
+
+
+def _rims_check(rims: list[Rim], **evidence: object) -> dict[str, tuple[bool | None, str]]:
+    """``check_rims`` on its own: the checks it adds, by name."""
+    verdict = Verdict("nvidia")
+    kwargs: dict[str, object] = {
+        "measurements": {},
+        "driver_version": None,
+        "vbios_version": None,
+        "nvdec0_status": None,
+        "now": AT,
+    }
+    check_rims(verdict, rims, **{**kwargs, **evidence})  # type: ignore[arg-type]
+    return {c.name: (c.ok, c.detail) for c in verdict.checks}
+
+
+def test_a_chain_to_a_root_of_its_own_is_refused_before_the_signature(
+    nvtrust: dict[str, bytes],
+) -> None:
+    root, root_key = _ca("Not NVIDIA RIM Root")
+    leaf, _ = _leaf(root, root_key)
+    rim = replace(_rim(nvtrust, DRIVER), certificates=(leaf, root))
+    result = verify_rim_signature(rim, AT)
+    assert (result.ok, result.signed) == (False, None)
+    assert result.detail == (
+        "Driver_RIM_test_no_gpu.swidtag (driver 545.00): Test GPU FMC LF → Not NVIDIA RIM Root: "
+        f"the chain ends at Not NVIDIA RIM Root (SPKI SHA-256 {spki_sha256(root)}), not at the "
+        f"pinned NVIDIA CoRIM signing Root CA ({NVIDIA_RIM_ROOT_SPKI_SHA256})"
+    )
+    bare = verify_rim_signature(replace(rim, certificates=()), AT)
+    assert (bare.ok, bare.detail) == (
+        False,
+        "Driver_RIM_test_no_gpu.swidtag (driver 545.00): KeyInfo carries no X509Certificate",
+    )
+    with pytest.raises(ValueError, match=r"^now: a time without a time zone$"):
+        verify_rim_signature(rim, datetime(2025, 6, 1))
+
+
+def test_every_certificate_out_of_its_validity_is_named_and_both_ends_are_valid(
+    nvtrust: dict[str, bytes],
+) -> None:
+    rim = _rim(nvtrust, DRIVER)
+    path = " → ".join(
+        [
+            "HCC RIM L4 Signer",
+            "NVIDIA Reference Value L3 GH100 001",
+            "NVIDIA Reference Value GH100 CA",
+            "NVIDIA CoRIM signing Root CA",
+        ]
+    )
+    late = verify_rim_signature(rim, datetime(2060, 1, 1, tzinfo=UTC))
+    assert (late.ok, late.detail) == (
+        False,
+        f"Driver_RIM_test_no_gpu.swidtag (driver 545.00): {path}: not valid at "
+        "2060-01-01T00:00:00Z: HCC RIM L4 Signer (valid 2023-06-27 to 2025-06-26), NVIDIA "
+        "Reference Value L3 GH100 001 (valid 2023-05-11 to 2026-11-11), NVIDIA Reference Value "
+        "GH100 CA (valid 2023-05-11 to 2033-05-11), NVIDIA CoRIM signing Root CA (valid "
+        "2023-03-16 to 2053-03-08)",
+    )
+    leaf = rim.certificates[0]  # the last to start and the first to end
+    for edge in (leaf.not_valid_before_utc, leaf.not_valid_after_utc):
+        result = verify_rim_signature(rim, edge)
+        assert result.ok is True, result.detail
+        # what was signed, with the file's own certificates and bytes
+        assert result.signed is not None
+        assert (result.signed.product, result.signed.certificates, result.signed.raw) == (
+            rim.product,
+            rim.certificates,
+            rim.raw,
+        )
+        assert result.signed.product == "GH100"
+
+
+def test_a_tampered_rims_signature_is_false_not_unknown(nvtrust: dict[str, bytes]) -> None:
+    raw = nvtrust[DRIVER].replace(b'index="7" active="True"', b'index="7" active="False"')
+    assert verify_rim_signature(parse_rim(raw, "t.swidtag"), AT).ok is False
+
+
+def test_a_keyinfo_certificate_must_be_strict_base64(nvtrust: dict[str, bytes]) -> None:
+    raw = nvtrust[DRIVER]
+    tag = b"<ds:X509Certificate>"
+    start = raw.index(tag) + len(tag)
+    end = raw.index(b"</ds:X509Certificate>", start)
+    with pytest.raises(RimError) as info:
+        parse_rim(raw[:start] + b"!" + raw[start:], "a.swidtag")
+    assert str(info.value).startswith("a.swidtag: KeyInfo certificate 1 does not parse: ")
+    with pytest.raises(ValueError) as empty:
+        load_certs(b"")
+    with pytest.raises(RimError) as info:
+        parse_rim(raw[:start] + raw[end:], "a.swidtag")  # an empty element: no certificate
+    assert str(info.value) == f"a.swidtag: KeyInfo certificate 1 does not parse: {empty.value}"
+
+
+def test_check_rims_says_what_it_compared_and_what_it_could_not(
+    nvtrust: dict[str, bytes],
+) -> None:
+    driver, vbios = _rim(nvtrust, DRIVER), _rim(nvtrust, VBIOS)
+    assert _rims_check([]) == {
+        "rim.signature": (True, ""),
+        "rim.driver": (
+            None,
+            "no driver RIM given (--rim): the measurements were not compared with NVIDIA's "
+            "driver RIM (driver ?)",
+        ),
+        "rim.vbios": (
+            None,
+            "no vbios RIM given (--rim): the measurements were not compared with NVIDIA's "
+            "vbios RIM (vbios ?)",
+        ),
+    }
+    signatures = [verify_rim_signature(r, AT).detail for r in (driver, vbios)]
+    # evidence that reports nothing: every active index differs, its value none
+    checks = _rims_check([driver, vbios], nvdec0_status=b"\x55")
+    assert checks["rim.signature"] == (True, "; ".join(signatures))
+    ok, detail = checks["rim.driver"]
+    assert ok is False and detail.startswith(
+        "Driver_RIM_test_no_gpu.swidtag: driver 545.00, but the evidence reports none; "
+        "20 of 20 active indexes differ: 7, 21, "
+    )
+    assert detail.endswith(
+        "; index 35 not compared: the GPU reports NVDEC0 disabled (0x55), and NVIDIA's "
+        "verifier skips it then"
+    )
+    # a driver RIM whose signature fails does not stop the VBIOS RIM's comparison
+    tampered = parse_rim(
+        nvtrust[DRIVER].replace(b'index="7" active="True"', b'index="7" active="False"'),
+        "t.swidtag",
+    )
+    checks = _rims_check([tampered, vbios])
+    assert checks["rim.driver"] == (False, "t.swidtag: not compared: its signature does not verify")
+    assert checks["rim.vbios"][0] is False
+    assert checks["rim.vbios"][1].startswith(
+        "1010_0200_882_96005E0001_PROD.swidtag: vbios 96.00.5E.00.01, but the evidence reports "
+        "none; 12 of 12 active indexes differ"
+    )
+
+
+def test_a_malformed_resource_or_meta_is_named_word_for_word(nvtrust: dict[str, bytes]) -> None:
+    raw = nvtrust[DRIVER]
+    seven = b'index="7" active="True" alternatives="1" ns2:Hash0="0e0e'
+    assert raw.count(seven) == 1
+
+    def fault(old: bytes, new: bytes) -> str:
+        assert raw.count(old) >= 1
+        with pytest.raises(RimError) as info:
+            parse_rim(raw.replace(old, new, 1), "a.swidtag")
+        return str(info.value)
+
+    at = "a.swidtag: Resource Measurement_7"
+    assert fault(b'index="7" ', b"") == f"{at}: no index attribute"
+    assert fault(b'alternatives="1" ns2:Hash0="0e0e', b'ns2:Hash0="0e0e') == (
+        f"{at}: no alternatives attribute"
+    )
+    assert fault(seven, seven.replace(b'index="7"', b'index="7x"')) == (
+        f"{at}: invalid literal for int() with base 10: '7x'"
+    )
+    assert fault(seven, seven.replace(b'active="True"', b'active="true"')) == (
+        f"{at}: active is 'true', not True or False"
+    )
+    assert fault(seven, seven.replace(b'index="7"', b'index="-1"')) == (
+        f"{at}: index -1 with 1 alternatives"
+    )
+    assert fault(seven, seven.replace(b'alternatives="1"', b'alternatives="0"')) == (
+        f"{at}: index 7 with 0 alternatives"
+    )
+    assert fault(seven, seven.replace(b'Hash0="0e0e', b'Hash0="zz0e')) == f"{at}: Hash0 is not hex"
+    # a Resource without a name is named by its index, one without either by "?"
+    unnamed = raw.replace(b' name="Measurement_7"', b"", 1)
+    for old, new, message in (
+        (seven, seven.replace(b'active="True"', b'active="x"'), "Resource 7: active is 'x'"),
+        (seven, seven.replace(b'index="7" ', b""), "Resource ?: no index attribute"),
+    ):
+        with pytest.raises(RimError) as info:
+            parse_rim(unnamed.replace(old, new, 1), "a.swidtag")
+        assert str(info.value).startswith(f"a.swidtag: {message}")
+    assert fault(b'colloquialVersion="545.00" ', b"") == "a.swidtag: Meta has no colloquialVersion"
+    assert fault(b"<ns0:Meta ", b"<ns0:Other ").startswith("a.swidtag: no Meta element")
+
+
+def test_a_parsed_resource_keeps_its_size_and_name_and_meta_its_product(
+    nvtrust: dict[str, bytes],
+) -> None:
+    rim = _rim(nvtrust, DRIVER)
+    seven = rim.active[7]
+    assert (seven.index, seven.size, seven.name) == (7, 48, "Measurement_7")
+    assert rim.product == "GH100"
+    bare = parse_rim(
+        nvtrust[DRIVER].replace(b' name="Measurement_7"', b"").replace(b' product="GH100"', b""),
+        "a.swidtag",
+    )
+    assert (bare.active[7].name, bare.product) == ("", "")
+
+
+def test_with_rims_only_ocsp_is_left_unchecked_online_or_not(
+    nvtrust: dict[str, bytes], nv01: tuple[bytes, bytes]
+) -> None:
+    rims = [_rim(nvtrust, DRIVER), _rim(nvtrust, VBIOS)]
+    for online in (False, True):
+        verdict = verify_nvidia(*nv01, now=AT, nonce=NV01_NONCE, rims=rims, online=online)
+        names = [c.name for c in verdict.checks]
+        assert [names.count(n) for n in ("rim.driver", "rim.vbios", "ocsp")] == [1, 1, 1]
+        assert [c.name for c in verdict.not_checked] == ["ocsp"]

@@ -17,6 +17,7 @@ from attestation.snp_cert_table import (
     GUIDS,
     MAX_ROWS,
     CertTableError,
+    TableCert,
     build_cert_table,
     chain_pem,
     read_cert_table,
@@ -61,7 +62,7 @@ def test_a_hosts_table_gives_the_chain_a_report_verifies_under() -> None:
     assert verdict.accepted, [c.line() for c in verdict.failed]
 
 
-@pytest.mark.parametrize("table", [b"", bytes(24), bytes(4096)])
+@pytest.mark.parametrize("table", [b"", bytes(10), bytes(24), bytes(4096)])
 def test_no_certificates_from_the_host(table: bytes) -> None:
     assert read_cert_table(table) == []
 
@@ -118,3 +119,27 @@ def test_exactly_the_most_rows_a_table_may_have() -> None:
     assert len(read_cert_table(table)) == MAX_ROWS
     assert all(isinstance(x509.load_der_x509_certificate(c.der), x509.Certificate)
                for c in read_cert_table(table)[:1])  # fmt: skip
+
+
+@pytest.mark.parametrize("table", [b" " * 24, b"X" * 24])
+def test_only_nul_bytes_are_an_empty_table(table: bytes) -> None:
+    assert _bad(table) == "row 1 runs past the table's 24 bytes"  # a row, never ended
+
+
+def test_the_chain_is_the_endorsement_key_then_ask_then_ark_whatever_the_row_order() -> None:
+    amd = fake_amd("Turin", TURIN_TCB, CHIP_ID[:8])
+    ask, ark = _ders(amd.chain)
+    other = uuid.UUID("11111111-2222-3333-4444-555555555555")
+
+    def pem(*ders: bytes) -> bytes:
+        return b"".join(x509.load_der_x509_certificate(d).public_bytes(Encoding.PEM) for d in ders)
+
+    def chain(*rows: tuple[str, bytes]) -> bytes:
+        return chain_pem([TableCert(name, der) for name, der in rows])
+
+    # exactly the PEM blocks, back to back, in the chain's order
+    assert chain(("ask", ask), ("vcek", amd.vek), ("ark", ark)) == pem(amd.vek, ask, ark)
+    assert chain(("ark", ark), ("ask", ask), ("vlek", amd.vek)) == pem(amd.vek, ask, ark)
+    assert chain(("ask", ask), ("vlek", amd.vek)) == pem(amd.vek, ask)
+    # a row this code does not know goes last, after the ARK, in its row order
+    assert chain((str(other), amd.vek), ("ark", ark), ("ask", ask)) == pem(ask, ark, amd.vek)

@@ -31,7 +31,7 @@ from record.audit import (
 )
 from record.checkpoint import Checkpoint, Signer, sign_checkpoint
 from record.digest import Domain, digest
-from record.errors import CannotOpen, StoreMissing
+from record.errors import CannotOpen, SchemaError, StoreMissing
 from record.log import Log, entry_line
 from record.reader import StreamKeys, associated_data, digest_mismatches
 from record.schema import (
@@ -49,7 +49,7 @@ from record.schema import (
     canonical_body,
     parse_entry,
 )
-from record.seal import KeyPair, seal
+from record.seal import KeyPair, open_sealed, seal
 from tests.record.raw_store import stored_lines
 
 STREAM = "audit-unit"
@@ -745,3 +745,50 @@ def test_a_pair_left_out_does_not_stop_the_next_check() -> None:
     other = digest(Domain.ERROR, b"other bytes")
     response = ModelResponse(request_seq=1, outcome="FAILED", error_bytes=_B, error_digest=other)
     assert digest_mismatches(response) == [f"error_digest {other} does not match its bytes"]
+
+
+def test_a_stored_body_must_state_its_kind_clear_or_sealed(written: Written) -> None:
+    entries = [parse_entry(line) for line in written.lines]
+    keys = StreamKeys.collect(STREAM, entries, written.reader)
+    opened = entries[0]
+    assert isinstance(opened.body, dict) and opened.body.get("kind") == opened.kind
+    kindless = opened.model_copy(
+        update={"body": {k: v for k, v in opened.body.items() if k != "kind"}}
+    )
+    for read in (
+        lambda: keys.open(kindless),
+        lambda: StreamKeys.collect(STREAM, [kindless], written.reader),
+    ):
+        with pytest.raises(SchemaError) as info:
+            read()
+        assert str(info.value) == f"{opened.kind} body: kind: Field required"
+    sealed = entries[2]
+    plaintext = open_sealed(
+        keys.keys[0], base64.b64decode(str(sealed.body)), associated_data(sealed)
+    )
+    body = json.loads(plaintext)
+    del body["kind"]
+    resealed = parse_entry(_resealed(written, 2, json.dumps(body).encode()))
+    with pytest.raises(SchemaError) as info:
+        keys.open(resealed)
+    assert str(info.value) == f"seq 2: {sealed.kind} body: kind: Field required"
+
+
+def test_a_wrapped_key_that_does_not_open_is_listed_when_asked_and_raised_otherwise(
+    written: Written,
+) -> None:
+    opened = parse_entry(written.lines[0])
+    assert isinstance(opened.body, dict)
+    body = json.loads(json.dumps(opened.body))
+    mine = written.reader.recipient.text()
+    [wrapped] = [w for w in body["recipients"] if w["recipient"] == mine]
+    raw = bytearray(base64.b64decode(wrapped["sealed_key"]))
+    raw[-1] ^= 1  # the AEAD tag no longer matches
+    wrapped["sealed_key"] = base64.b64encode(bytes(raw)).decode("ascii")
+    broken = opened.model_copy(update={"body": body})
+    failed: list[tuple[int, CannotOpen]] = []
+    keys = StreamKeys.collect(STREAM, [broken], written.reader, failed=failed)
+    assert keys.keys == {} and [seq for seq, _ in failed] == [opened.seq]
+    assert isinstance(failed[0][1], CannotOpen)
+    with pytest.raises(CannotOpen):
+        StreamKeys.collect(STREAM, [broken], written.reader)
