@@ -128,8 +128,13 @@ TARGETS: dict[str, Target] = {
             "attestation/tdx_certs.py",
             "attestation/tdx_collateral.py",
         ),
-        # the collateral and TCB checks on a test double of Intel's PKI first (about a second)
-        (T + "attestation/test_tdx_collateral.py", T + "attestation/test_tdx.py"),
+        # the collateral and TCB checks on a test double of Intel's PKI first (about a second),
+        # then the quote parser and chain helpers as a unit (under a second)
+        (
+            T + "attestation/test_tdx_collateral.py",
+            T + "attestation/test_tdx_quote_unit.py",
+            T + "attestation/test_tdx.py",
+        ),
     ),
     "attestation/nvidia.py": Target(  # with the RIM checks it hands NVIDIA's RIMs to
         ("attestation/nvidia.py",),
