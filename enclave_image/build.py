@@ -288,8 +288,11 @@ def _our_wheel(work: Path, epoch: int) -> Path:
                                           "__pycache__", "tests", "node_modules", ".mypy_cache",
                                           ".ruff_cache", ".pytest_cache"),
         )  # fmt: skip
+        # the zip keeps each file's mode: a clone made under another umask, or setuptools
+        # writing under one, must not change the wheel
+        _normal_modes(src)
         run_tool([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-              "--no-build-isolation", "-w", str(wheels), str(src)], env=env)  # fmt: skip
+              "--no-build-isolation", "-w", str(wheels), str(src)], env=env, umask=0o022)  # fmt: skip
     (ours,) = wheels.glob("affidavit-*.whl")
     return ours
 
@@ -791,5 +794,4 @@ def main() -> None:  # pragma: no cover - `python -m enclave_image.build OUT CAC
 
 
 if __name__ == "__main__":  # pragma: no cover
-    os.umask(0o022)
     main()

@@ -19,9 +19,13 @@ def run_tool(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     error: type[Exception] = RuntimeError,
+    umask: int = -1,
 ) -> str:
-    """``args``' stdout; ``error`` with the command, exit code and output tail if it fails."""
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    """``args``' stdout; ``error`` with the command, exit code and output tail if it fails.
+    ``umask``: the child's (-1: this process's)."""
+    done = subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, check=False, umask=umask
+    )
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-3000:]
         raise error(f"{' '.join(args)} failed ({done.returncode}):\n{tail}")

@@ -203,6 +203,7 @@ def _force(
     return [], cut
 
 
+@pytest.mark.timeout(900)  # one forced generation per tool of four servers on the real model
 def test_mcp_servers_tools_forced_on_the_real_model(
     sdk: OpenAI, mcp_tools: dict[str, list[tuple[str, Any]]]
 ) -> None:
