@@ -15,6 +15,10 @@ ERRORS: tuple[type[BaseException], ...] = (ValueError,)
 MAX_LEN = 4_000
 _VEK = vector("amd-sev-snp/go-sev-guest/vcek.der")
 _CHAIN = vector("amd-sev-snp/go-sev-guest/ask_ark_milan.pem")
+#: the real ASK, ARK and VCEK, parsed once (not per input): None without the vectors
+_CERTS = (
+    (*load_certs(_CHAIN), *load_certs(_VEK)) if _VEK is not None and _CHAIN is not None else None
+)
 
 
 def seeds() -> list[bytes]:
@@ -31,9 +35,8 @@ def target(data: bytes) -> None:
         load_crl(data)
     except ValueError:
         return
-    if _VEK is None or _CHAIN is None:
+    if _CERTS is None:
         return
-    ask, ark = load_certs(_CHAIN)
-    (vek,) = load_certs(_VEK)
+    ask, ark, vek = _CERTS
     verdict = Verdict("snp")
     check_crl(verdict, data, ark=ark, below=[("ASK", ask), ("VCEK", vek)], now=NOW)
