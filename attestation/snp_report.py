@@ -24,6 +24,7 @@ __all__ = [
     "load_report",
     "parse_report",
     "product_family",
+    "product_from_cpuid",
 ]
 
 REPORT_SIZE = 0x4A0  # ABI Table 23: the whole report
@@ -94,7 +95,7 @@ def product_family(name: str | None) -> Product | None:
     return None
 
 
-def _product_from_cpuid(family: int, model: int) -> Product | None:
+def product_from_cpuid(family: int, model: int) -> Product | None:
     """CPUID family/model (report version 3 and later) → the SEV-SNP product."""
     if family == 0x19:
         if model >> 4 == 0x0:
@@ -207,7 +208,7 @@ class SnpReport:
         """The product the report's CPUID names (version 3 and later), if a known one."""
         if self.cpuid_fam_id is None or self.cpuid_mod_id is None:
             return None
-        return _product_from_cpuid(self.cpuid_fam_id, self.cpuid_mod_id)
+        return product_from_cpuid(self.cpuid_fam_id, self.cpuid_mod_id)
 
     def with_product(self, product: str | None) -> SnpReport:
         """The same report with its TCB fields decoded by ``product``'s layout."""
@@ -265,7 +266,7 @@ def _parse(raw: bytes, product: str | None) -> SnpReport:
 
     cpuid = raw[_CPUID_OFFSET : _CPUID_OFFSET + 3] if version >= 3 else None
     if product is None and cpuid is not None:
-        product = _product_from_cpuid(cpuid[0], cpuid[1])
+        product = product_from_cpuid(cpuid[0], cpuid[1])
 
     def tcb(offset: int) -> TcbVersion:
         return decode_tcb(u64(offset), product)

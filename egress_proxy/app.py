@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
 from egress_proxy.clock import Clock
+from egress_proxy.collateral import CollateralFetcher
 from egress_proxy.config import ProxyConfig, api_keys
 from egress_proxy.errors import (
     BodyTooLarge,
@@ -122,9 +123,13 @@ def create_app(
     if config.fetch.enabled:
         assert calls is not None
         fetcher = Fetcher(log, _exact(dialer), config.fetch, calls)
+    collateral = None  # the control plane's FetchCollateral: only with a network transport
+    if config.collateral.enabled and isinstance(dialer, ExactTransport):
+        collateral = CollateralFetcher(log, dialer, config.collateral)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.loop = asyncio.get_running_loop()  # where the control plane runs collateral
         async with AsyncExitStack() as stack:
             if gateway is not None:  # tool calls in flight finish before the upstreams stop
                 await stack.enter_async_context(gateway.running())
@@ -137,6 +142,8 @@ def create_app(
     app.state.registry = registry
     app.state.tasks = tasks
     app.state.metrics = metrics
+    app.state.collateral = collateral
+    app.state.loop = None
 
     @app.exception_handler(ProxyError)
     async def _proxy_error(_: Request, exc: ProxyError) -> Response:

@@ -87,6 +87,26 @@ class ProviderConfig(_Model):
         return self
 
 
+class CollateralConfig(_Model):
+    """``[collateral]``: where the control plane's ``FetchCollateral`` fetches attestation
+    collateral (``egress_proxy.collateral``): AMD's KDS unless the operator names another
+    (a mirror, or a stand-in on loopback in tests). Like a provider's ``base_url`` it is the
+    operator's, so the fetch rule's default refusals do not apply to it."""
+
+    enabled: bool = True
+    base_url: str = "https://kdsintf.amd.com"
+    timeout_s: float = Field(30.0, gt=0)  # the whole answer
+    connect_timeout_s: float = Field(10.0, gt=0)
+    max_response_bytes: int = Field(1024 * 1024, gt=0, le=64 * 1024 * 1024)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not re.fullmatch(r"https?://[A-Za-z0-9.\-:\[\]]+", value.rstrip("/")):
+            raise ValueError(f"not an http(s) URL of a host, without a path: {value!r}")
+        return value.rstrip("/")
+
+
 class ProxyConfig(_Model):
     """The whole file. See ``docs/proxy.md`` for a worked example."""
 
@@ -99,6 +119,7 @@ class ProxyConfig(_Model):
     mounts: dict[Route, str] = Field(default_factory=dict)
     mcp_servers: McpServers = Field(default_factory=dict)  # tool servers: see tool_config
     fetch: FetchConfig = FetchConfig()
+    collateral: CollateralConfig = CollateralConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -5,7 +5,10 @@ its own events (``turn.started``, ``turn.ended``) here, and the proxy's ``Log`` 
 single writer. ``StreamEntries`` hands out a stream's stored lines, exact bytes, for the panel
 and for mirroring; each line travels in chunks of at most 1 MiB, so no line is too big for a
 message limit. ``ArmReplay`` arms a replay plan (``SessionRegistry.arm_replay``, with the
-appliance key) and ``GetVerdicts`` hands out its per-step verdicts.
+appliance key) and ``GetVerdicts`` hands out its per-step verdicts. ``FetchCollateral`` has
+the proxy GET one KDS document and record it (``egress_proxy.collateral``), for the appliance's
+boot evidence; it runs on the data plane's event loop, where the network transport lives,
+through the ``FetchCollateral`` callable the server hands in (none: the RPC is refused).
 
 Access is the socket's: it is made 0600 once bound, and callers present no token (the
 session tokens are for the data plane). ``ControlClient`` is the typed client the harness and
@@ -29,6 +32,8 @@ import grpc
 from google.protobuf.message import Message
 from pydantic import JsonValue
 
+from egress_proxy.collateral import Collateral
+from egress_proxy.errors import MalformedFetch, ProxyError, ReplayMiss
 from egress_proxy.proto import control_pb2 as pb
 from egress_proxy.sessions import Session, SessionRegistry
 from record.digest import Domain, digest
@@ -37,7 +42,15 @@ from record.limits import JsonRefused, load_json
 from record.schema import parse_body
 from record.seal import RecipientKey
 
-__all__ = ["CHUNK", "HARNESS_KINDS", "SERVICE", "ControlClient", "ControlPlane", "ControlServicer"]
+__all__ = [
+    "CHUNK",
+    "HARNESS_KINDS",
+    "SERVICE",
+    "ControlClient",
+    "ControlPlane",
+    "ControlServicer",
+    "FetchCollateral",
+]
 
 SERVICE = "affidavit.control.v1.Control"
 CHUNK = 1 << 20  # the most line bytes one EntryChunk carries
@@ -56,6 +69,9 @@ _OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
 ]
+
+#: Runs a collateral fetch for a session and path to its end (``ProxyServer`` makes one).
+FetchCollateral = Callable[[Session, str], Collateral]
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -83,9 +99,12 @@ def _pins(text: str) -> dict[str, JsonValue] | None:
 class ControlServicer:
     """The handlers, each a plain method over the registry and its log."""
 
-    def __init__(self, registry: SessionRegistry) -> None:
+    def __init__(
+        self, registry: SessionRegistry, collateral: FetchCollateral | None = None
+    ) -> None:
         self.registry = registry
         self.log = registry.log
+        self.collateral = collateral
 
     def _session(self, session_id: str) -> Session:
         session = self.registry.get(session_id)
@@ -196,6 +215,34 @@ class ControlServicer:
             session.noted(appended)
         return pb.ArchiveEvidenceResponse(seq=appended.seq, occurred_at=appended.occurred_at)
 
+    def fetch_collateral(self, request: pb.FetchCollateralRequest) -> pb.FetchCollateralResponse:
+        session = self._session(request.session_id)
+        if self.collateral is None:
+            raise _Abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this proxy fetches no collateral ([collateral] enabled = false, or it has no"
+                " network transport)",
+            )
+        try:
+            got = self.collateral(session, request.path)
+        except (MalformedFetch, ReplayMiss) as exc:  # refused before anything was recorded
+            code = grpc.StatusCode.INVALID_ARGUMENT
+            if isinstance(exc, ReplayMiss):
+                code = grpc.StatusCode.FAILED_PRECONDITION
+            raise _Abort(code, str(exc)) from None
+        except ProxyError as exc:  # recorded: the fetch's outcome names it
+            raise _Abort(grpc.StatusCode.UNAVAILABLE, f"{exc.code}: {exc}") from None
+        except TimeoutError:  # still running: it is recorded to its end all the same
+            raise _Abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED, f"collateral: {request.path}: no answer in time"
+            ) from None
+        return pb.FetchCollateralResponse(
+            status=got.status,
+            body=got.body,
+            request_seq=got.request_seq,
+            response_seq=got.response_seq,
+        )
+
     def stream_entries(
         self, request: pb.StreamEntriesRequest, active: Callable[[], bool]
     ) -> Iterator[pb.EntryChunk]:
@@ -254,6 +301,7 @@ def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
         "ArmReplay": _unary(servicer.arm_replay, pb.ArmReplayRequest),
         "GetVerdicts": _unary(servicer.get_verdicts, pb.GetVerdictsRequest),
         "ArchiveEvidence": _unary(servicer.archive_evidence, pb.ArchiveEvidenceRequest),
+        "FetchCollateral": _unary(servicer.fetch_collateral, pb.FetchCollateralRequest),
         "StreamEntries": grpc.unary_stream_rpc_method_handler(
             entries,
             request_deserializer=pb.StreamEntriesRequest.FromString,
@@ -266,9 +314,16 @@ def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
 class ControlPlane:
     """The control plane's gRPC server on the Unix socket at ``path`` (made 0600)."""
 
-    def __init__(self, registry: SessionRegistry, path: Path | str, *, workers: int = 8) -> None:
+    def __init__(
+        self,
+        registry: SessionRegistry,
+        path: Path | str,
+        *,
+        workers: int = 8,
+        collateral: FetchCollateral | None = None,
+    ) -> None:
         self.path = Path(path)
-        self.servicer = ControlServicer(registry)
+        self.servicer = ControlServicer(registry, collateral)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers), options=_OPTIONS
         )
@@ -380,6 +435,12 @@ class ControlClient:
             stream=stream, evidence_kind=evidence_kind, name=name, data=data
         )
         return self._call("ArchiveEvidence", request, pb.ArchiveEvidenceResponse, timeout)
+
+    def fetch_collateral(
+        self, session_id: str, path: str, *, timeout: float = 120.0
+    ) -> pb.FetchCollateralResponse:
+        request = pb.FetchCollateralRequest(session_id=session_id, path=path)
+        return self._call("FetchCollateral", request, pb.FetchCollateralResponse, timeout)
 
     def entries(
         self, stream: str, from_seq: int = 0, *, follow: bool = False, timeout: float | None = None

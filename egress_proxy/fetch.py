@@ -282,7 +282,7 @@ class Fetcher:
         except UpstreamUnavailable as exc:
             await self._record(session, first.seq, "UNKNOWN")
             return FetchAnswer(exc.status, exc.body(), first.seq)
-        head = _status_line(response) + _header_lines(response.raw_headers) + b"\r\n"
+        head = response_head(response)
         received = bytearray()
         try:
             async for chunk in response.body():
@@ -443,9 +443,9 @@ def recorded_fetch(response: FetchResponse) -> tuple[int, bytes]:
     return answered_status(error), error
 
 
-def _status_line(response: ExactResponse) -> bytes:
-    return f"{response.http_version} {response.status} {response.reason}\r\n".encode("latin-1")
-
-
-def _header_lines(headers: tuple[tuple[str, str], ...]) -> bytes:
-    return b"".join(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers)
+def response_head(response: ExactResponse) -> bytes:
+    """The status line, header lines and blank line of ``response``, as received: what a
+    ``fetch.response``'s ``response_bytes`` start with."""
+    status = f"{response.http_version} {response.status} {response.reason}\r\n"
+    lines = "".join(f"{k}: {v}\r\n" for k, v in response.raw_headers)
+    return (status + lines + "\r\n").encode("latin-1")

@@ -7,12 +7,14 @@ previous run opened (``SessionRegistry.restore``) before it serves; and on ``sto
 uvicorn's shutdown drain replies still being read, so they are committed. Bound to the port
 the previous run had, a restarted proxy serves every restored session at its old
 ``base_url`` with its old token. With ``control_socket`` it also serves the
-gRPC control plane (``control.ControlPlane``) on that Unix socket while it runs. The CLI
+gRPC control plane (``control.ControlPlane``) on that Unix socket while it runs, its
+``FetchCollateral`` run on the data plane's loop. The CLI
 (``affidavit proxy serve``) will wrap this later.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -24,11 +26,13 @@ import uvicorn
 
 from egress_proxy.app import create_app
 from egress_proxy.clock import Clock
+from egress_proxy.collateral import Collateral, CollateralFetcher
 from egress_proxy.config import ProxyConfig
 from egress_proxy.control import ControlPlane
+from egress_proxy.errors import UpstreamUnavailable
 from egress_proxy.recovery import Recovered, recover_unknown
 from egress_proxy.session_book import SessionBook
-from egress_proxy.sessions import Restored, SessionRegistry
+from egress_proxy.sessions import Restored, Session, SessionRegistry
 from egress_proxy.transports.base import Transport
 from record.log import Log
 
@@ -72,7 +76,27 @@ class ProxyServer:
         self._thread: threading.Thread | None = None
         self.recovered: list[Recovered] = []
         self.restored = Restored([], {})
-        self.control = ControlPlane(self.registry, control_socket) if control_socket else None
+        self.control = None
+        if control_socket:
+            collateral = self._collateral if self.app.state.collateral is not None else None
+            self.control = ControlPlane(self.registry, control_socket, collateral=collateral)
+
+    def _collateral(self, session: Session, path: str) -> Collateral:
+        """A control-plane thread's collateral fetch, run on the data plane's loop (where the
+        transport's connections live) as a task of its own, so it is recorded to its end and
+        drained at shutdown like any call, even if the caller goes away."""
+        state = self.app.state
+        fetcher: CollateralFetcher = state.collateral
+        loop: asyncio.AbstractEventLoop | None = state.loop
+        if loop is None or not self._server.started:
+            raise UpstreamUnavailable("collateral: the proxy is not serving yet")
+
+        async def run() -> Collateral:
+            task: asyncio.Task[Collateral] = state.tasks.spawn(fetcher.fetch(session, path))
+            return await asyncio.shield(task)
+
+        timeout = fetcher.config.connect_timeout_s + fetcher.config.timeout_s + 30.0
+        return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
 
     def start(self, timeout: float = 10.0) -> ProxyServer:
         self.recovered = recover_unknown(self.log)

@@ -52,6 +52,7 @@ from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_k
 from enclave_image.appliance_tsm import TSM_REPORTS, Collected, collect_evidence
 
 if TYPE_CHECKING:
+    from egress_proxy.control import ControlClient
     from egress_proxy.netrules import HarnessRules
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "ModelDisk",
     "Refused",
     "StartError",
+    "cpu_product",
     "guest_rules",
     "main",
     "network_rules",
@@ -125,6 +127,7 @@ class GuestLayout:
     tsm_reports: Path = TSM_REPORTS
     model_dir: Path = Path("/opt/model")  # the model disk, mounted by /init
     input_devices: Path = Path("/proc/bus/input/devices")
+    cpuinfo: Path = Path("/proc/cpuinfo")  # the product, for a report that names none
     python: str = "python3.11"
     nft: str = "/usr/sbin/nft"
     cryptsetup: str = "/sbin/cryptsetup"
@@ -132,6 +135,7 @@ class GuestLayout:
     engine_port: int = 8000
     proxy_port: int = 8700
     harness_port: int = 8600
+    kds_url: str = "https://kdsintf.amd.com"  # where the proxy fetches a missing SNP chain
     proxy_uid: int = 1001
     engine_uid: int = 1002
     harness_uid: int = 1003
@@ -453,7 +457,7 @@ def services(layout: GuestLayout) -> dict[str, Service]:
             [layout.python, "-m", "enclave_image.appliance_proxy", "--record",
              str(layout.record_dir), "--control", str(layout.control_socket), "--port",
              str(layout.proxy_port), "--engine", layout.url(layout.engine_port),
-             "--engine-token-file", str(layout.token_file("proxy"))],
+             "--engine-token-file", str(layout.token_file("proxy")), "--kds", layout.kds_url],
             0o027,
         ),
         "harness": _service(
@@ -510,8 +514,11 @@ def ready_line(layout: GuestLayout, first_boot: bool, report_data: bytes) -> str
 def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say) -> None:
     """Keep the boot evidence on the state disk and in the record, through the proxy's
     control plane (``ArchiveEvidence``) in a stream of its own, sealed to the appliance's key:
-    the SNP report and, when the host handed the guest its certificate table (configfs-tsm's
-    ``auxblob``), the chain from it, under the names ``bind-check`` pairs them by."""
+    the SNP report and its certificate chain, under the names ``bind-check`` pairs them by.
+    The chain comes from the host's certificate table (configfs-tsm's ``auxblob``) when the
+    host gives one, else from AMD's KDS through the proxy (``FetchCollateral``: both answers
+    recorded in the same stream). A chain that cannot be had is said, and the report is kept
+    regardless: ``bind-check --certs`` takes the chain later."""
     from attestation.bind_check import evidence_names
     from attestation.binding import binding_digest
     from attestation.snp import parse_report
@@ -536,23 +543,87 @@ def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say
         chain = b""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     name, certs_name, _ = evidence_names("snp", stamp)
-    files = [(name, report)] + ([(certs_name, chain)] if chain else [])
-    for file, data in files:
-        (layout.evidence_dir / file).write_bytes(data)
     client = ControlClient(layout.control_socket)
     try:
         opened = client.open_session([], {"affidavit/boot-evidence": stamp})
-        kept = [client.archive_evidence(opened.session_id, "sev-snp", f, d) for f, d in files]
+        stream = opened.session_id
+        (layout.evidence_dir / name).write_bytes(report)
+        kept = client.archive_evidence(stream, "sev-snp", name, report)
+        say(
+            f"evidence: SNP report kept as {name} at seq {kept.seq} of stream {stream}"
+            f" (through {evidence.via})"
+        )
+        whence = "the host's certificates"
+        if not chain:
+            chain = _chain_from_kds(client, stream, report, cpu_product(layout.cpuinfo), say)
+            whence = "the certificates from AMD's KDS"
+        if chain:
+            (layout.evidence_dir / certs_name).write_bytes(chain)
+            kept = client.archive_evidence(stream, "sev-snp", certs_name, chain)
+            say(f"evidence: {whence} kept as {certs_name} at seq {kept.seq}")
+        else:
+            say("evidence: no certificate chain kept: bind-check needs it given (--certs)")
     finally:
         client.channel.close()
-    say(
-        f"evidence: SNP report kept as {name} at seq {kept[0].seq} of stream"
-        f" {opened.session_id} (through {evidence.via})"
-    )
-    if chain:
-        say(f"evidence: the host's certificates kept as {certs_name} at seq {kept[1].seq}")
-    else:
-        say("evidence: no certificates from the host: bind-check needs them given (--certs)")
+
+
+def cpu_product(cpuinfo: Path) -> str | None:
+    """The SEV-SNP product the guest's CPUID names (``/proc/cpuinfo``'s first ``cpu family``
+    and ``model``), or None: what KDS is asked about when the report (version 2) names none."""
+    from attestation.snp_report import product_from_cpuid
+
+    fields: dict[str, str] = {}
+    try:
+        text = cpuinfo.read_text("ascii", "replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    if not (family.isdigit() and model.isdigit()):
+        return None
+    return product_from_cpuid(int(family), int(model))
+
+
+def _chain_from_kds(
+    client: ControlClient, stream: str, report: bytes, cpu: str | None, say: Say
+) -> bytes:
+    """The report's chain (VCEK, ASK, ARK) from AMD's KDS, asked through the proxy, which
+    records both answers in ``stream``; empty, having said why, when it cannot be had.
+    ``cpu``: the product the guest's CPUID names, for a report that names none."""
+    import grpc
+
+    from attestation.amd_kds import KdsError, chain_from_kds, chain_path, vcek_path
+    from attestation.snp import parse_report
+    from attestation.snp_report import product_family
+
+    parsed = parse_report(report)
+    product = product_family(cpu)
+    try:
+        paths = (vcek_path(parsed, product), chain_path(parsed, product))
+    except KdsError as exc:
+        say(f"evidence: no certificates from the host, and none to ask KDS for: {exc}")
+        return b""
+    answers: list[bytes] = []
+    for path in paths:
+        try:
+            got = client.fetch_collateral(stream, path)
+        except grpc.RpcError as exc:
+            say(f"evidence: KDS {path}: {exc.details()}")
+            return b""
+        if got.status != 200:
+            say(f"evidence: KDS {path}: HTTP {got.status} (recorded at seq {got.response_seq})")
+            return b""
+        say(f"evidence: KDS {path}: {len(got.body)} bytes, recorded at seq {got.response_seq}")
+        answers.append(got.body)
+    try:
+        return chain_from_kds(parsed, answers[0], answers[1], product)
+    except KdsError as exc:
+        say(f"evidence: KDS's answers are not kept: {exc}")
+        return b""
 
 
 def _last_json(lines: list[str]) -> dict[str, object] | None:

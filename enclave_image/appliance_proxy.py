@@ -28,18 +28,23 @@ __all__ = ["main", "proxy_config"]
 ROUTE = "/v1/chat/completions"
 
 
-def proxy_config(port: int, engine_url: str, token_file: Path | None = None) -> dict[str, object]:
+def proxy_config(
+    port: int, engine_url: str, token_file: Path | None = None, kds_url: str | None = None
+) -> dict[str, object]:
     """The proxy's config: loopback data plane, the engine behind it (its token read from
-    ``token_file``), fetch on."""
+    ``token_file``), fetch on, boot evidence's collateral from ``kds_url`` (default: AMD's)."""
     model: dict[str, object] = {"api": "openai", "base_url": engine_url, "engine_extensions": True}
     if token_file is not None:
         model["api_key_file"] = str(token_file)
-    return {
+    config: dict[str, object] = {
         "listen": {"host": "127.0.0.1", "port": port},
         "providers": {"model": model},
         "mounts": {ROUTE: "model"},
         "fetch": {"enabled": True, "max_response_bytes": 1 << 20},
     }
+    if kds_url is not None:
+        config["collateral"] = {"base_url": kds_url}
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="http://127.0.0.1:8000", help="the provider's URL")
     parser.add_argument(
         "--engine-token-file", type=Path, help="the engine's token (a file of mode 0600)"
+    )
+    parser.add_argument(
+        "--kds", help="AMD's KDS, or a mirror: where a missing SNP chain is fetched from"
     )
     args = parser.parse_args(argv)
 
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     args.control.unlink(missing_ok=True)  # a socket left by a killed run
-    config = parse_config(proxy_config(args.port, args.engine, args.engine_token_file))
+    config = parse_config(proxy_config(args.port, args.engine, args.engine_token_file, args.kds))
     try:
         api_keys(config)  # the engine's token: readable, and only by this uid
     except ConfigError as exc:

@@ -26,6 +26,7 @@ PARSERS = (
     "spdm",
     "snp_cert_table",
     "amd_crl",
+    "amd_kds",
     "nvidia_rim",
 )
 

@@ -27,7 +27,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n egress_proxy/proto/control.proto\x12\x14\x61\x66\x66idavit.control.v1\"\xb0\x01\n\x12OpenSessionRequest\x12\x12\n\nrecipients\x18\x01 \x03(\t\x12\x44\n\x06labels\x18\x02 \x03(\x0b\x32\x34.affidavit.control.v1.OpenSessionRequest.LabelsEntry\x12\x11\n\tpins_json\x18\x03 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\"7\n\x0eSetPinsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpins_json\x18\x02 \x01(\t\"\x1e\n\x0fSetPinsResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"I\n\x12\x41ppendEventRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\tbody_json\x18\x03 \x01(\x0c\"\\\n\x13\x41ppendEventResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x17\n\ncheckpoint\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x42\r\n\x0b_checkpoint\"[\n\x16\x41rchiveEvidenceRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\revidence_kind\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\";\n\x17\x41rchiveEvidenceResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0boccurred_at\x18\x02 \x01(\t\"l\n\x10\x41rmReplayRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rsource_stream\x18\x02 \x01(\t\x12\x11\n\x04turn\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tpins_json\x18\x04 \x01(\tB\x07\n\x05_turn\"<\n\x11\x41rmReplayResponse\x12\x13\n\x0bmodel_steps\x18\x01 \x01(\r\x12\x12\n\ntool_calls\x18\x02 \x01(\r\"H\n\x14StreamEntriesRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"E\n\nEntryChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"(\n\x12GetVerdictsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"o\n\x13GetVerdictsResponse\x12\x15\n\rsource_stream\x18\x01 \x01(\t\x12\x15\n\rverdicts_json\x18\x02 \x03(\t\x12\x16\n\x0etools_replayed\x18\x03 \x01(\r\x12\x12\n\nlive_calls\x18\x04 \x01(\r2\xbc\x05\n\x07\x43ontrol\x12\x62\n\x0bOpenSession\x12(.affidavit.control.v1.OpenSessionRequest\x1a).affidavit.control.v1.OpenSessionResponse\x12V\n\x07SetPins\x12$.affidavit.control.v1.SetPinsRequest\x1a%.affidavit.control.v1.SetPinsResponse\x12\x62\n\x0b\x41ppendEvent\x12(.affidavit.control.v1.AppendEventRequest\x1a).affidavit.control.v1.AppendEventResponse\x12\\\n\tArmReplay\x12&.affidavit.control.v1.ArmReplayRequest\x1a\'.affidavit.control.v1.ArmReplayResponse\x12_\n\rStreamEntries\x12*.affidavit.control.v1.StreamEntriesRequest\x1a .affidavit.control.v1.EntryChunk0\x01\x12\x62\n\x0bGetVerdicts\x12(.affidavit.control.v1.GetVerdictsRequest\x1a).affidavit.control.v1.GetVerdictsResponse\x12n\n\x0f\x41rchiveEvidence\x12,.affidavit.control.v1.ArchiveEvidenceRequest\x1a-.affidavit.control.v1.ArchiveEvidenceResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n egress_proxy/proto/control.proto\x12\x14\x61\x66\x66idavit.control.v1\"\xb0\x01\n\x12OpenSessionRequest\x12\x12\n\nrecipients\x18\x01 \x03(\t\x12\x44\n\x06labels\x18\x02 \x03(\x0b\x32\x34.affidavit.control.v1.OpenSessionRequest.LabelsEntry\x12\x11\n\tpins_json\x18\x03 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"X\n\x13OpenSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0c\n\x04path\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\"7\n\x0eSetPinsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x11\n\tpins_json\x18\x02 \x01(\t\"\x1e\n\x0fSetPinsResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"I\n\x12\x41ppendEventRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x11\n\tbody_json\x18\x03 \x01(\x0c\"\\\n\x13\x41ppendEventResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x10\n\x08\x65vent_id\x18\x02 \x01(\t\x12\x17\n\ncheckpoint\x18\x03 \x01(\x0cH\x00\x88\x01\x01\x42\r\n\x0b_checkpoint\"[\n\x16\x41rchiveEvidenceRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x15\n\revidence_kind\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\";\n\x17\x41rchiveEvidenceResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0boccurred_at\x18\x02 \x01(\t\":\n\x16\x46\x65tchCollateralRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"b\n\x17\x46\x65tchCollateralResponse\x12\x0e\n\x06status\x18\x01 \x01(\r\x12\x0c\n\x04\x62ody\x18\x02 \x01(\x0c\x12\x13\n\x0brequest_seq\x18\x03 \x01(\x04\x12\x14\n\x0cresponse_seq\x18\x04 \x01(\x04\"l\n\x10\x41rmReplayRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\rsource_stream\x18\x02 \x01(\t\x12\x11\n\x04turn\x18\x03 \x01(\x05H\x00\x88\x01\x01\x12\x11\n\tpins_json\x18\x04 \x01(\tB\x07\n\x05_turn\"<\n\x11\x41rmReplayResponse\x12\x13\n\x0bmodel_steps\x18\x01 \x01(\r\x12\x12\n\ntool_calls\x18\x02 \x01(\r\"H\n\x14StreamEntriesRequest\x12\x0e\n\x06stream\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\x12\x0e\n\x06\x66ollow\x18\x03 \x01(\x08\"E\n\nEntryChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"(\n\x12GetVerdictsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"o\n\x13GetVerdictsResponse\x12\x15\n\rsource_stream\x18\x01 \x01(\t\x12\x15\n\rverdicts_json\x18\x02 \x03(\t\x12\x16\n\x0etools_replayed\x18\x03 \x01(\r\x12\x12\n\nlive_calls\x18\x04 \x01(\r2\xac\x06\n\x07\x43ontrol\x12\x62\n\x0bOpenSession\x12(.affidavit.control.v1.OpenSessionRequest\x1a).affidavit.control.v1.OpenSessionResponse\x12V\n\x07SetPins\x12$.affidavit.control.v1.SetPinsRequest\x1a%.affidavit.control.v1.SetPinsResponse\x12\x62\n\x0b\x41ppendEvent\x12(.affidavit.control.v1.AppendEventRequest\x1a).affidavit.control.v1.AppendEventResponse\x12\\\n\tArmReplay\x12&.affidavit.control.v1.ArmReplayRequest\x1a\'.affidavit.control.v1.ArmReplayResponse\x12_\n\rStreamEntries\x12*.affidavit.control.v1.StreamEntriesRequest\x1a .affidavit.control.v1.EntryChunk0\x01\x12\x62\n\x0bGetVerdicts\x12(.affidavit.control.v1.GetVerdictsRequest\x1a).affidavit.control.v1.GetVerdictsResponse\x12n\n\x0f\x41rchiveEvidence\x12,.affidavit.control.v1.ArchiveEvidenceRequest\x1a-.affidavit.control.v1.ArchiveEvidenceResponse\x12n\n\x0f\x46\x65tchCollateral\x12,.affidavit.control.v1.FetchCollateralRequest\x1a-.affidavit.control.v1.FetchCollateralResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -54,18 +54,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ARCHIVEEVIDENCEREQUEST']._serialized_end=676
   _globals['_ARCHIVEEVIDENCERESPONSE']._serialized_start=678
   _globals['_ARCHIVEEVIDENCERESPONSE']._serialized_end=737
-  _globals['_ARMREPLAYREQUEST']._serialized_start=739
-  _globals['_ARMREPLAYREQUEST']._serialized_end=847
-  _globals['_ARMREPLAYRESPONSE']._serialized_start=849
-  _globals['_ARMREPLAYRESPONSE']._serialized_end=909
-  _globals['_STREAMENTRIESREQUEST']._serialized_start=911
-  _globals['_STREAMENTRIESREQUEST']._serialized_end=983
-  _globals['_ENTRYCHUNK']._serialized_start=985
-  _globals['_ENTRYCHUNK']._serialized_end=1054
-  _globals['_GETVERDICTSREQUEST']._serialized_start=1056
-  _globals['_GETVERDICTSREQUEST']._serialized_end=1096
-  _globals['_GETVERDICTSRESPONSE']._serialized_start=1098
-  _globals['_GETVERDICTSRESPONSE']._serialized_end=1209
-  _globals['_CONTROL']._serialized_start=1212
-  _globals['_CONTROL']._serialized_end=1912
+  _globals['_FETCHCOLLATERALREQUEST']._serialized_start=739
+  _globals['_FETCHCOLLATERALREQUEST']._serialized_end=797
+  _globals['_FETCHCOLLATERALRESPONSE']._serialized_start=799
+  _globals['_FETCHCOLLATERALRESPONSE']._serialized_end=897
+  _globals['_ARMREPLAYREQUEST']._serialized_start=899
+  _globals['_ARMREPLAYREQUEST']._serialized_end=1007
+  _globals['_ARMREPLAYRESPONSE']._serialized_start=1009
+  _globals['_ARMREPLAYRESPONSE']._serialized_end=1069
+  _globals['_STREAMENTRIESREQUEST']._serialized_start=1071
+  _globals['_STREAMENTRIESREQUEST']._serialized_end=1143
+  _globals['_ENTRYCHUNK']._serialized_start=1145
+  _globals['_ENTRYCHUNK']._serialized_end=1214
+  _globals['_GETVERDICTSREQUEST']._serialized_start=1216
+  _globals['_GETVERDICTSREQUEST']._serialized_end=1256
+  _globals['_GETVERDICTSRESPONSE']._serialized_start=1258
+  _globals['_GETVERDICTSRESPONSE']._serialized_end=1369
+  _globals['_CONTROL']._serialized_start=1372
+  _globals['_CONTROL']._serialized_end=2184
 # @@protoc_insertion_point(module_scope)

@@ -92,6 +92,26 @@ class ArchiveEvidenceResponse(_message.Message):
     occurred_at: str
     def __init__(self, seq: _Optional[int] = ..., occurred_at: _Optional[str] = ...) -> None: ...
 
+class FetchCollateralRequest(_message.Message):
+    __slots__ = ("session_id", "path")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class FetchCollateralResponse(_message.Message):
+    __slots__ = ("status", "body", "request_seq", "response_seq")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_SEQ_FIELD_NUMBER: _ClassVar[int]
+    status: int
+    body: bytes
+    request_seq: int
+    response_seq: int
+    def __init__(self, status: _Optional[int] = ..., body: _Optional[bytes] = ..., request_seq: _Optional[int] = ..., response_seq: _Optional[int] = ...) -> None: ...
+
 class ArmReplayRequest(_message.Message):
     __slots__ = ("session_id", "source_stream", "turn", "pins_json")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]

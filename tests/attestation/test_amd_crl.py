@@ -5,12 +5,9 @@ on 127.0.0.1; through the real verifier and ``affidavit attest verify``."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +19,7 @@ from attestation.policy import Policy, apply_policy
 from attestation.snp import verify_snp, verify_snp_chain
 from attestation.verdict import Check, Verdict
 from harness.cli import main
+from tests.attestation.kds_double import StandInKds, stand_in_kds
 from tests.attestation.snp_double import (
     CHIP_ID,
     TURIN_TCB,
@@ -169,68 +167,36 @@ def test_cli_crl_file_der_and_pem(
     assert main(_args(tmp_path, amd, "--crl", str(good), "--fetch-crl")) == 2
 
 
-class _Kds:
-    """A stand-in for AMD's KDS on 127.0.0.1: serves ``crls[path]``, records each path."""
-
-    def __init__(self) -> None:
-        self.crls: dict[str, bytes] = {}
-        self.asked: list[str] = []
-        kds = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                kds.asked.append(self.path)
-                body = kds.crls.get(self.path)
-                self.send_response(200 if body is not None else 404)
-                self.send_header("Content-Type", "application/pkix-crl")
-                self.send_header("Content-Length", str(len(body or b"")))
-                self.end_headers()
-                self.wfile.write(body or b"")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-
 @pytest.fixture
-def kds() -> Iterator[_Kds]:
-    stand_in = _Kds()
-    thread = threading.Thread(target=stand_in.server.serve_forever, daemon=True)
-    thread.start()
-    try:
+def kds() -> Iterator[StandInKds]:
+    with stand_in_kds() as stand_in:
         yield stand_in
-    finally:
-        stand_in.server.shutdown()
-        stand_in.server.server_close()
-        thread.join()
 
 
-def test_fetch_crl_asks_kds_for_the_products_crl(amd: FakeAmd, kds: _Kds) -> None:
+def test_fetch_crl_asks_kds_for_the_products_crl(amd: FakeAmd, kds: StandInKds) -> None:
     assert crl_url("Milan") == "https://kdsintf.amd.com/vcek/v1/Milan/crl"
-    served = kds.crls["/vcek/v1/Turin/crl"] = amd.crl()
+    served = kds.documents["/vcek/v1/Turin/crl"] = amd.crl()
     with httpx.Client() as client:
         assert fetch_crl("Turin", client, base=kds.url) == served
         with pytest.raises(CrlError, match=r"/vcek/v1/Genoa/crl: HTTP 404"):
             fetch_crl("Genoa", client, base=kds.url)
-        kds.crls["/vcek/v1/Milan/crl"] = b"garbage"
+        kds.documents["/vcek/v1/Milan/crl"] = b"garbage"
         with pytest.raises(CrlError, match="not a CRL"):
             fetch_crl("Milan", client, base=kds.url)
     assert kds.asked == ["/vcek/v1/Turin/crl", "/vcek/v1/Genoa/crl", "/vcek/v1/Milan/crl"]
 
 
 def test_cli_fetch_crl_from_the_stand_in_kds(
-    amd: FakeAmd, tmp_path: Path, kds: _Kds, capsys: pytest.CaptureFixture[str]
+    amd: FakeAmd, tmp_path: Path, kds: StandInKds, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    kds.crls["/vcek/v1/Turin/crl"] = amd.crl(revoked=(amd.serial("ask"),))
+    kds.documents["/vcek/v1/Turin/crl"] = amd.crl(revoked=(amd.serial("ask"),))
     assert main(_args(tmp_path, amd, "--fetch-crl", "--kds", kds.url)) == 1
     assert "FAIL chain.revocation: ASK SEV-Turin" in capsys.readouterr().out
-    kds.crls["/vcek/v1/Turin/crl"] = amd.crl()
+    kds.documents["/vcek/v1/Turin/crl"] = amd.crl()
     assert main(_args(tmp_path, amd, "--fetch-crl", "--kds", kds.url)) == 0
     assert "ok   chain.revocation" in capsys.readouterr().out
     assert kds.asked == ["/vcek/v1/Turin/crl"] * 2
-    del kds.crls["/vcek/v1/Turin/crl"]
+    del kds.documents["/vcek/v1/Turin/crl"]
     assert main(_args(tmp_path, amd, "--fetch-crl", "--kds", kds.url)) == 3
     assert "/vcek/v1/Turin/crl: HTTP 404" in capsys.readouterr().err
 

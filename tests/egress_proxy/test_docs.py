@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 import egress_proxy.errors as errors
-from egress_proxy.config import Listen, ProviderConfig, ProxyConfig, load_config
+from egress_proxy.config import CollateralConfig, Listen, ProviderConfig, ProxyConfig, load_config
 from egress_proxy.pipeline import Call, Committed, Upstream, annotation
 from egress_proxy.providers import CREDENTIAL_HEADERS, FORWARDED_HEADERS, OPENAI
 from egress_proxy.sessions import Session
@@ -42,6 +42,7 @@ def test_the_config_table_names_every_field() -> None:
         ("", ProxyConfig),
         ("listen.", Listen),
         ("providers.<name>.", ProviderConfig),
+        ("collateral.", CollateralConfig),
     ]
     for prefix, model in models:
         for name in model.model_fields:

@@ -41,6 +41,7 @@ from enclave_image.appliance import (
 )
 from enclave_image.appliance_disk import DiskError, StateDisk
 from enclave_image.appliance_supervise import Service, Supervisor, WeeklyTimer
+from tests.attestation.kds_double import StandInKds, stand_in_kds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,6 +94,27 @@ def test_main_refuses_to_start_without_a_key_source(tmp_path: Path) -> None:
 
 
 # -- the TEE -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, model, product",
+    [("25", "1", "Milan"), ("25", "17", "Genoa"), ("25", "160", "Genoa"), ("26", "2", "Turin"),
+     ("6", "143", None), ("25", "x", None), (None, None, None)],
+)  # fmt: skip
+def test_the_cpu_product_comes_from_the_first_processors_cpuid(
+    tmp_path: Path, family: str | None, model: str | None, product: str | None
+) -> None:
+    """What KDS is asked about when the report (version 2) names no product."""
+    from enclave_image.appliance import cpu_product
+
+    info = tmp_path / "cpuinfo"
+    first = (
+        f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+    )
+    second = "\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n"
+    info.write_text(first + second if family is not None else "processor\t: 0\n" + second)
+    assert cpu_product(info) == product
+    assert cpu_product(tmp_path / "absent") is None
 
 
 def test_ioctl_structs_match_the_uapi_header() -> None:
@@ -316,7 +338,13 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
+@pytest.fixture
+def kds() -> Iterator[StandInKds]:
+    with stand_in_kds() as stand_in:
+        yield stand_in
+
+
+def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInKds) -> None:
     from attestation.binding import binding_digest
     from enclave_image.build import model_tree
     from record.sqlite_store import SQLiteStore
@@ -337,6 +365,7 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
         start_timeout=60,
         engine_start_timeout=60,
         env={"PYTHONPATH": str(REPO)},
+        kds_url=kds.url,
     )
     said: list[str] = []
     ready = threading.Event()
@@ -381,11 +410,11 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
         from attestation.snp_cert_table import build_cert_table
         from enclave_image.appliance import StartError, keep_evidence, prepare_keys
         from enclave_image.appliance_tsm import Collected
-        from tests.attestation.snp_double import TURIN_TCB, fake_amd, v5_report
+        from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, fake_amd, v5_report
 
         keys = prepare_keys(layout)
         assert not keys.created  # found on the state disk, not made again
-        chain = fake_amd("Turin", TURIN_TCB, bytes(8))
+        chain = fake_amd("Turin", TURIN_TCB, CHIP_ID[:8])
         ask, ark = (c.public_bytes(Encoding.DER) for c in load_certs(chain.chain))
         table = build_cert_table([("vcek", chain.vek), ("ask", ask), ("ark", ark)])
         bound = v5_report(chain.vek_key, report_data=keys.report_data(bytes(32)), policy=0x30000)
@@ -393,6 +422,16 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
         stranger = v5_report(chain.vek_key, report_data=bytes(64), policy=0x30000)
         with pytest.raises(StartError, match="binding"):
             keep_evidence(layout, keys, Collected("sev-snp", stranger, b"", "configfs-tsm"), say)
+        # A host that hands the guest no certificate table: the chain comes from AMD's KDS
+        # (here its stand-in), asked through the proxy, which records both answers.
+        vcek_at = (
+            "/vcek/v1/Turin/a0a1a2a3a4a5a6a7?fmcSPL=01&blSPL=02&teeSPL=03&snpSPL=04&ucodeSPL=85"
+        )
+        kds.documents[vcek_at] = chain.vek
+        kds.documents["/vcek/v1/Turin/cert_chain"] = chain.chain
+        time.sleep(1.1)  # a later boot: its evidence files get a stamp of their own
+        keep_evidence(layout, keys, Collected("sev-snp", bound, b"", "sev-guest ioctl"), say)
+        assert kds.asked == [vcek_at, "/vcek/v1/Turin/cert_chain"]
     finally:
         stop.set()
         thread.join(60)
@@ -427,14 +466,42 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path) -> None:
             for entry in store.entries(stream)
             if b"evidence.archived" in entry.line
         ]
-        assert len(kept) == 2  # the bound report and its chain, once; the stranger's never
+        # each bound report and its chain, once; the stranger's never
+        assert len(kept) == 4
+        fetched = [
+            entry.line
+            for stream in store.streams()
+            for entry in store.entries(stream)
+            if b'"fetch.' in entry.line
+        ]
+        assert len(fetched) == 4  # KDS's two answers, each request and response recorded
     finally:
         store.close()
     assert any(x.startswith("evidence: SNP report kept as snp-") for x in said)
     assert any(x.startswith("evidence: the host's certificates kept as snp-") for x in said)
+    assert any(x.startswith("evidence: the certificates from AMD's KDS kept as snp-") for x in said)
     files = sorted((tmp_path / "state" / "evidence").iterdir())
-    assert [f.suffix for f in files] == [".pem", ".report"]
+    assert [f.suffix for f in files] == [".pem", ".report"] * 2
     assert files[0].name == files[1].name.removesuffix(".report") + ".certs.pem"
+    assert files[2].name == files[3].name.removesuffix(".report") + ".certs.pem"
+    assert files[2].read_bytes() == files[0].read_bytes()  # KDS's chain is the table's
+    # An auditor with the self-test turn's bundle alone, and no key: both boots' reports,
+    # one kept with the host's chain and one with KDS's, check out and bind this log key.
+    from harness.cli import main as cli
+    from record.bundle import export_stream
+
+    (tmp_path / "ark.pem").write_bytes(chain.ark)
+    store = SQLiteStore(tmp_path / "state" / "record" / "record.db", readonly=True)
+    try:
+        streams = list(store.streams())
+    finally:
+        store.close()
+    record = tmp_path / "state" / "record" / "record.db"
+    bundles = {s: export_stream(record, s, tmp_path / "bundles" / s) for s in streams}
+    session = next(s for s, index in bundles.items() if index.get("boot"))
+    assert len(bundles[session]["boot"]) == 2
+    args = ["attest", "bind-check", str(tmp_path / "bundles" / session), "--json"]
+    assert cli([*args, "--trusted-root", str(tmp_path / "ark.pem")]) == 0
     assert [c.public_bytes(Encoding.DER) for c in load_certs(files[0].read_bytes())] == [
         chain.vek,
         ask,
