@@ -156,14 +156,18 @@ exec python3.11 -m enclave_image.appliance
 """
 )
 
-#: busybox udhcpc's hook: configure what the lease says (nothing else is written).
+#: busybox udhcpc's hook: configure what the lease says, address, route and resolvers
+#: (the proxy resolves AMD's KDS by name at boot; TLS, not the host's resolver, vouches for
+#: the answer), and nothing else.
 UDHCPC = r"""#!/bin/busybox sh
 case "$1" in
   bound|renew)
     ip addr flush dev "$interface"
     ip addr add "$ip/${mask:-24}" dev "$interface"
     [ -n "$router" ] && ip route add default via "${router%% *}" dev "$interface"
-    echo "init: $interface $ip/${mask:-24} via ${router:-none}"
+    : > /etc/resolv.conf
+    for server in $dns; do echo "nameserver $server" >> /etc/resolv.conf; done
+    echo "init: $interface $ip/${mask:-24} via ${router:-none} dns ${dns:-none}" > /dev/console
     ;;
 esac
 exit 0

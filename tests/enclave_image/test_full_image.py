@@ -82,6 +82,7 @@ def test_the_full_image_boots_twice_keeping_its_keys(image: BuildResult, tmp_pat
         # only the proxy's uid reached the host's listener: exactly one connection
         _line(console, r"netrules: uid 1003 -> 10\.0\.2\.2:\d+ blocked")
         _line(console, r"netrules: uid 1001 -> 10\.0\.2\.2:\d+ connected")
+        _line(console, r"^init: eth0 10\.0\.2\.\d+/\d+ via 10\.0\.2\.2 dns 10\.0\.2\.3")
         assert len(accepted) == 1, accepted
         _line(console, r"state: WARNING: keysource=test-insecure")
         _line(console, r"^model: WARNING: TEST MODEL affidavit-tiny \(/opt/model/affidavit-tiny\)")
