@@ -22,26 +22,30 @@ import json
 import re
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network
-from typing import Literal
 
 from egress_proxy.config import CollateralConfig
 from egress_proxy.errors import (
     EgressRefused,
     MalformedFetch,
-    ProxyError,
     ReplayMiss,
     ResponseTooLarge,
     UpstreamCut,
     UpstreamUnavailable,
 )
-from egress_proxy.fetch import ExactTransport, parse_fetch, response_head
+from egress_proxy.fetch import (
+    ExactTransport,
+    parse_fetch,
+    record_failed,
+    record_received,
+    response_head,
+)
 from egress_proxy.fetch_guard import EgressRule
 from egress_proxy.sessions import Session
 from egress_proxy.tools import append
 from egress_proxy.transports.base import UpstreamRequest
 from record.digest import Domain, digest
-from record.log import Appended, Log
-from record.schema import FetchRequest, FetchResponse
+from record.log import Log
+from record.schema import FetchRequest
 
 __all__ = ["COLLATERAL_PATH", "Collateral", "CollateralFetcher"]
 
@@ -102,7 +106,7 @@ class CollateralFetcher:
             pinned = await _ANYWHERE.pin(ask.host, ask.port, self.config.connect_timeout_s)
             response = await self.transport.send_exact(upstream, str(pinned))
         except (EgressRefused, UpstreamUnavailable) as exc:
-            await self._end(session, first.seq, "UNKNOWN")
+            await record_received(self.log, session, first.seq, "UNKNOWN")
             raise UpstreamUnavailable(f"collateral: {url}: {exc}") from None
         head = response_head(response)
         received = bytearray()
@@ -112,43 +116,17 @@ class CollateralFetcher:
                 if len(received) > self.config.max_response_bytes:
                     limit = self.config.max_response_bytes
                     error = ResponseTooLarge(f"collateral: {url}: the answer exceeds {limit} bytes")
-                    await self._failed(session, first.seq, error, response.status)
+                    await record_failed(self.log, session, first.seq, error, response.status)
                     raise error
         except UpstreamCut as exc:
-            await self._end(session, first.seq, "UNKNOWN", response.status, head + received)
+            await record_received(
+                self.log, session, first.seq, "UNKNOWN", response.status, head + received
+            )
             raise UpstreamCut(f"collateral: {url}: {exc}") from None
         finally:
             await response.aclose()
         whole = head + bytes(received)
-        entry = await self._end(session, first.seq, "COMMITTED", response.status, whole)
+        entry = await record_received(
+            self.log, session, first.seq, "COMMITTED", response.status, whole
+        )
         return Collateral(response.status, bytes(received), first.seq, entry.seq)
-
-    async def _end(
-        self,
-        session: Session,
-        request_seq: int,
-        outcome: Literal["COMMITTED", "UNKNOWN"],
-        status: int | None = None,
-        data: bytes | None = None,
-    ) -> Appended:
-        entry = FetchResponse(
-            request_seq=request_seq,
-            outcome=outcome,
-            status=status,
-            response_bytes=data,
-            response_digest=digest(Domain.FETCH_RESPONSE, data) if data is not None else None,
-        )
-        return await append(self.log, session, entry)
-
-    async def _failed(
-        self, session: Session, request_seq: int, error: ProxyError, status: int | None
-    ) -> None:
-        body = error.body()
-        entry = FetchResponse(
-            request_seq=request_seq,
-            outcome="FAILED",
-            status=status,
-            error_bytes=body,
-            error_digest=digest(Domain.ERROR, body),
-        )
-        await append(self.log, session, entry)

@@ -364,28 +364,47 @@ class Fetcher:
         status: int | None = None,
         data: bytes | None = None,
     ) -> Appended:
-        entry = FetchResponse(
-            request_seq=request_seq,
-            outcome=outcome,
-            status=status,
-            response_bytes=data,
-            response_digest=digest(Domain.FETCH_RESPONSE, data) if data is not None else None,
-        )
-        return await append(self.log, session, entry)
+        return await record_received(self.log, session, request_seq, outcome, status, data)
 
     async def _failed(
         self, session: Session, request_seq: int, error: ProxyError, status: int | None = None
     ) -> FetchAnswer:
-        body = error.body()
-        entry = FetchResponse(
-            request_seq=request_seq,
-            outcome="FAILED",
-            status=status,
-            error_bytes=body,
-            error_digest=digest(Domain.ERROR, body),
-        )
-        await append(self.log, session, entry)
-        return FetchAnswer(error.status, body, request_seq)
+        await record_failed(self.log, session, request_seq, error, status)
+        return FetchAnswer(error.status, error.body(), request_seq)
+
+
+async def record_received(
+    log: Log,
+    session: Session,
+    request_seq: int,
+    outcome: Literal["COMMITTED", "UNKNOWN"],
+    status: int | None = None,
+    data: bytes | None = None,
+) -> Appended:
+    """Append the ``fetch.response`` of what arrived: all of it, or (``UNKNOWN``) a part."""
+    entry = FetchResponse(
+        request_seq=request_seq,
+        outcome=outcome,
+        status=status,
+        response_bytes=data,
+        response_digest=digest(Domain.FETCH_RESPONSE, data) if data is not None else None,
+    )
+    return await append(log, session, entry)
+
+
+async def record_failed(
+    log: Log, session: Session, request_seq: int, error: ProxyError, status: int | None = None
+) -> Appended:
+    """Append the ``FAILED`` ``fetch.response`` carrying the error the client is answered."""
+    body = error.body()
+    entry = FetchResponse(
+        request_seq=request_seq,
+        outcome="FAILED",
+        status=status,
+        error_bytes=body,
+        error_digest=digest(Domain.ERROR, body),
+    )
+    return await append(log, session, entry)
 
 
 def _request(ask: FetchAsk, reply_seq: int | None, call_id: str | None) -> FetchRequest:

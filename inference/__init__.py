@@ -2,7 +2,8 @@
 
 Modules: ``config`` (ModelConfig from config.json), ``weights`` (safetensors loading and the
 weights digest), ``rope``, ``cache`` (SequenceCache), ``attention``, ``invariant``
-(batch-invariant matmuls and the start-up self-test), ``model`` (DecoderModel),
+(batch-invariant matmuls), ``self_test`` (the start-up probe that picks one), ``model``
+(DecoderModel),
 ``tokenizer`` (ChatTokenizer), ``tool_prompt`` (tools for templates without them),
 ``gguf_file`` and ``checkpoint`` (GGUF files and model folders), ``pull`` (the default
 model, hash-pinned), ``forbidden_text``, ``make_model`` (the random tiny model for tests)

@@ -1,4 +1,5 @@
-"""Batch-invariant matrix multiplies, and the start-up self-test that picks one.
+"""Batch-invariant matrix multiplies: the paths the start-up self-test
+(:mod:`inference.self_test`) chooses from.
 
 A pinned request must return the same bytes alone or in any batch, so every row of every
 linear layer must come out bit-identical however many rows are multiplied with it. Stock
@@ -14,7 +15,7 @@ depend on its neighbours or its place in the chunk. Three paths, in order of pre
   single row pays for a whole chunk (several times a stock matrix-vector product);
 - ``per-row``: each row alone, the slow last resort.
 
-:func:`self_test` probes them in that order (a row alone against the same row in batches
+``inference.self_test.self_test`` probes them in that order (a row alone against the same row in batches
 of 3, 16 and 64, plus one decode step of a model alone against the same step batched) and
 reports the first that passes, with the value of ``MKL_CBWR`` for the reproducibility
 block. Attention needs no path of its own: it runs one query row at a time
@@ -23,28 +24,20 @@ block. Attention needs no path of its own: it runs one query row at a time
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from collections.abc import Callable
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from inference.model import DecoderModel
-
 __all__ = [
     "CHUNK_ROWS",
     "PATHS",
-    "InvarianceCheck",
-    "InvarianceReport",
     "LinearFn",
     "LinearPath",
     "invariant_linear",
     "linear_for",
     "per_row_linear",
-    "self_test",
     "stock_linear",
 ]
 
@@ -105,176 +98,3 @@ def linear_for(path: LinearPath) -> LinearFn:
         return _LINEARS[path]
     except KeyError:
         raise ValueError(f"unknown linear path {path!r} (known: {', '.join(PATHS)})") from None
-
-
-@dataclass(frozen=True)
-class InvarianceCheck:
-    """One probe: a row alone against the same row batched, through one path."""
-
-    name: str
-    path: LinearPath
-    batch_sizes: tuple[int, ...]
-    passed: bool
-    detail: str
-
-
-@dataclass(frozen=True)
-class InvarianceReport:
-    """Which path the engine runs and why; the server copies it into its block."""
-
-    path: LinearPath
-    passed: bool
-    checks: tuple[InvarianceCheck, ...]
-    mkl_cbwr: str | None
-    torch_version: str
-    num_threads: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data."""
-        data = asdict(self)
-        data["checks"] = [dict(c, batch_sizes=list(c["batch_sizes"])) for c in data["checks"]]
-        return data
-
-
-_SYNTHETIC_SHAPES = ((64, 64), (128, 64), (64, 128), (896, 896), (4864, 896))
-
-
-def self_test(
-    model: DecoderModel | None = None,
-    *,
-    batch_sizes: Sequence[int] = (3, 16, 64),
-    decode_batch_sizes: Sequence[int] = (3, 16),
-    seed: int = 0,
-) -> InvarianceReport:
-    """Probe the paths in order and return the first that keeps rows bit-identical.
-
-    Linear probes use ``model``'s own weights (first layer's q and down projections, and
-    the lm_head) or, without a model, synthetic weights of typical shapes. The decode probe
-    runs one decode step of one sequence alone and then batched with other sequences of
-    other lengths, through ``model`` or a small random model. With a ``model``, the path
-    that passed (or ``per-row`` if none did) is left set on it.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    probe_model = model if model is not None else _small_model(seed)
-    checks: list[InvarianceCheck] = []
-    chosen: LinearPath | None = None
-    with torch.inference_mode():
-        weights = _probe_weights(model, generator)
-        for path in PATHS:
-            linear_checks = [
-                _linear_check(name, path, weight, batch_sizes, generator)
-                for name, weight in weights
-            ]
-            checks.extend(linear_checks)
-            if not all(c.passed for c in linear_checks):
-                continue
-            probe_model.linear_path = path
-            decode_check = _decode_check(probe_model, path, decode_batch_sizes, seed)
-            checks.append(decode_check)
-            if decode_check.passed:
-                chosen = path
-                break
-    probe_model.linear_path = chosen or "per-row"
-    return InvarianceReport(
-        path=chosen or "per-row",
-        passed=chosen is not None,
-        checks=tuple(checks),
-        mkl_cbwr=os.environ.get("MKL_CBWR"),
-        torch_version=torch.__version__,
-        num_threads=torch.get_num_threads(),
-    )
-
-
-def _probe_weights(
-    model: DecoderModel | None, generator: torch.Generator
-) -> list[tuple[str, torch.Tensor]]:
-    if model is not None:
-        return model.probe_weights()
-    return [
-        (f"synthetic {k}->{n}", torch.randn((n, k), generator=generator))
-        for k, n in _SYNTHETIC_SHAPES
-    ]
-
-
-def _positions(batch: int) -> list[int]:
-    return sorted({0, batch // 2, batch - 1})
-
-
-def _linear_check(
-    name: str,
-    path: LinearPath,
-    weight: torch.Tensor,
-    batch_sizes: Sequence[int],
-    generator: torch.Generator,
-) -> InvarianceCheck:
-    linear = linear_for(path)
-    width = weight.shape[1]
-    row = torch.randn((1, width), generator=generator)
-    alone = linear(row.clone(), weight, None)[0]
-    failures = []
-    for batch in batch_sizes:
-        for position in _positions(batch):
-            rows = torch.randn((batch, width), generator=generator)
-            rows[position] = row[0]
-            if not torch.equal(linear(rows, weight, None)[position], alone):
-                failures.append(f"batch {batch} row {position}")
-    detail = "bit-identical" if not failures else "differs: " + ", ".join(failures)
-    return InvarianceCheck(f"linear {name}", path, tuple(batch_sizes), not failures, detail)
-
-
-def _decode_check(
-    model: DecoderModel, path: LinearPath, batch_sizes: Sequence[int], seed: int
-) -> InvarianceCheck:
-    """One decode step of a sequence alone, then batched among others of other lengths."""
-    generator = torch.Generator().manual_seed(seed + 1)
-    vocab = model.config.vocab_size
-
-    def tokens(n: int) -> list[int]:
-        return [int(t) for t in torch.randint(0, vocab, (n,), generator=generator)]
-
-    probe = model.new_cache()
-    model.prefill(probe, tokens(5))
-    step = tokens(1)[0]
-    alone = model.decode([probe.clone()], [step])[0]
-    failures = []
-    for batch in batch_sizes:
-        others = []
-        for i in range(batch - 1):
-            cache = model.new_cache()
-            model.prefill(cache, tokens(1 + i % 7))
-            others.append(cache)
-        for position in _positions(batch):
-            caches = [c.clone() for c in others]
-            caches.insert(position, probe.clone())
-            steps = tokens(batch)
-            steps[position] = step
-            if not torch.equal(model.decode(caches, steps)[position], alone):
-                failures.append(f"batch {batch} row {position}")
-    detail = "bit-identical" if not failures else "differs: " + ", ".join(failures)
-    return InvarianceCheck("decode step", path, tuple(batch_sizes), not failures, detail)
-
-
-def _small_model(seed: int) -> DecoderModel:
-    from inference.config import ModelConfig
-    from inference.model import DecoderModel
-
-    config = ModelConfig(
-        model_type="qwen3",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        qk_norm=True,
-    )
-    return DecoderModel.random(config, seed=seed)

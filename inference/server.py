@@ -55,7 +55,6 @@ from inference.constrained import JsonGrammar, ToolCallGrammar, Vocabulary, vali
 from inference.delivery import finished, submit
 from inference.engine_token import EngineTokenAuth
 from inference.forbidden_text import ForbiddenMasks, ForbiddenText
-from inference.invariant import InvarianceReport, self_test
 from inference.model import DecoderModel
 from inference.prefix_cache import PrefixCache, cache_scope
 from inference.protocol import (
@@ -77,6 +76,7 @@ from inference.protocol import (
 from inference.responses_reply import serve_responses
 from inference.sampling import SamplingParams, new_seed
 from inference.scheduler import Event, Finished, Job, Scheduler, Ticket, TokenEvent
+from inference.self_test import InvarianceReport, self_test
 from inference.tokenizer import ChatTemplateError
 from inference.tool_calls import CLOSE_TAG, OPEN_TAG
 from record.digest import prompt_digest

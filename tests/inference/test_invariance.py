@@ -30,9 +30,9 @@ from inference.invariant import (  # noqa: E402
     invariant_linear,
     linear_for,
     per_row_linear,
-    self_test,
 )
 from inference.model import DecoderModel, rms_norm, silu  # noqa: E402
+from inference.self_test import self_test  # noqa: E402
 
 BATCH_SIZES = (2, 8, 32)
 PROBES = 12
