@@ -3,7 +3,7 @@
 Routes (every one behind the access token):
 
 =====================================  =========================================================
-``GET  /``                             the sessions: pinned or not, turns, last activity, health
+``GET  /``                             the sessions: first input, pins, turns, replays, health
 ``GET  /s/{stream}``                   a session: its turns, labels, recipients, checkpoints
 ``GET  /s/{stream}/t/{turn}``          a turn, step by step (``?replay=JOB``, ``?verify=JOB``)
 ``POST /s/{stream}/t/{turn}/replay``   starts a re-execution; 303 to the turn page
@@ -36,6 +36,7 @@ import secrets
 import tarfile
 import tempfile
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -45,6 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from harness.panel.access import SAFE_METHODS, BrowserSessions, cross_site_refusal
+from harness.panel.fields import repro_rows
 from harness.panel.jobs import Job, Jobs, run_replay, run_verify
 from harness.panel.source import Opened, Source, StreamRecord
 from harness.panel.views import (
@@ -93,7 +95,21 @@ def _environment() -> jinja2.Environment:
     env.filters["short"] = lambda value, n=16: (
         value if len(str(value)) <= n else str(value)[:n] + "…"
     )
+    env.filters["iso_utc"] = iso_utc
+    env.globals["repro_rows"] = repro_rows
     return env
+
+
+def iso_utc(stamp: str) -> str:
+    """A record timestamp as ISO-8601 UTC to the second (``2026-07-22T09:30:00Z``); text
+    that is no timestamp is shown as it is."""
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return stamp
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def export_tar(source: Source, stream: str) -> bytes:
@@ -262,7 +278,7 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
                 title=f"Turn {turn} · sealed",
             )
         try:
-            view = turn_view(record, opened, turn)
+            view = turn_view(record, opened, turn, row.health.problems)
         except NoTurn as exc:
             return missing(exc)
         return page(

@@ -298,6 +298,8 @@ def _proofs(record: StreamRecord, opened: Opened, turn: int) -> tuple[int, int, 
         if step.response_at:
             positions.append(step.response_at)
         for tool in step.tools:
+            if tool.kind == "unsent":
+                continue  # its position is the reply that asked for it, counted above
             positions.append(tool.call)
             if tool.answer:
                 positions.append(tool.answer)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from egress_proxy.sse import iter_events
+from harness.panel.fields import no_tee
 from harness.panel.source import (
     Health,
     Opened,
@@ -19,6 +20,7 @@ from harness.panel.source import (
     StreamRecord,
     open_stream,
 )
+from record.audit import Problem
 from record.limits import JsonRefused, load_json
 from record.schema import (
     FetchRequest,
@@ -40,6 +42,7 @@ __all__ = [
     "SessionView",
     "StepView",
     "ToolView",
+    "TurnProblem",
     "TurnRow",
     "TurnView",
     "read_stream",
@@ -52,7 +55,14 @@ __all__ = [
 LABEL_REPLAYS = "affidavit/replays"
 LABEL_REPLAYS_TURN = "affidavit/replays-turn"
 PROXY_PREFIX = "affidavit_"  # the proxy's own members of a reproducibility block
+#: Audit codes that name one entry (its ``seq``); the others name a checkpoint or the stream.
+ENTRY_CODES = frozenset(
+    {"malformed_entry", "stream_mismatch", "leaf_mismatch", "seq_order", "seq_duplicate"}
+)
+#: Problems that say an entry is not yet signed, not that anything was changed.
+NOT_TAMPERING = frozenset({"unsigned_tail"})
 SHOWN = 20_000  # characters of one body shown on a page (the rest is in the bundle)
+FIRST_INPUT = 160  # characters of a session's first input in the sessions list
 
 
 def text_of(data: bytes | None, limit: int = SHOWN) -> str:
@@ -188,6 +198,8 @@ class SessionRow:
     replays_turn: str | None = None
     opened_with: str | None = None
     model: str | None = None
+    first_input: str | None = None  # what the session was first asked (None: no turn)
+    replayed_by: list[SessionRow] = field(default_factory=list)  # its replay streams
 
     @property
     def pinned(self) -> bool:
@@ -216,6 +228,14 @@ def session_row(
     turns = (
         sum(isinstance(b, TurnStarted) for _, b in opened.bodies) if opened is not None else None
     )
+    first_input = next(
+        (
+            text_of(b.input_bytes, FIRST_INPUT)
+            for _, b in (shown_bodies(opened) if opened else [])
+            if isinstance(b, TurnStarted)
+        ),
+        None,
+    )
     return SessionRow(
         stream,
         _pins(opened),
@@ -226,12 +246,25 @@ def session_row(
         labels.get(LABEL_REPLAYS_TURN),
         opened.key_name if opened else None,
         labels.get("affidavit/model"),
+        first_input,
     )
 
 
 def session_rows(source: Source) -> list[SessionRow]:
+    """The sessions, latest activity first, each replay stream listed under the session it
+    replays (``affidavit/replays``) rather than beside it; a replay whose session the source
+    does not hold stays a row of its own."""
     rows = [session_row(source, stream) for stream in source.streams()]
-    return sorted(rows, key=lambda r: r.last_activity or "", reverse=True)
+    rows.sort(key=lambda r: r.last_activity or "", reverse=True)
+    by_stream = {r.stream: r for r in rows}
+    top = []
+    for row in rows:
+        replayed = by_stream.get(row.replays) if row.replays else None
+        if replayed is not None and replayed is not row:
+            replayed.replayed_by.append(row)
+        else:
+            top.append(row)
+    return top
 
 
 # -- a session ------------------------------------------------------------------------------
@@ -337,6 +370,18 @@ class ToolView:
     url: str | None = None
     raw: str = ""  # the result as recorded (MCP JSON, or the HTTP response)
     at: str = ""
+    call_id: str | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome == "FAILED" or self.is_error
+
+    @property
+    def reason(self) -> str:
+        """Why the call failed, as recorded (empty: it did not)."""
+        if not self.failed:
+            return ""
+        return self.result.strip() or "the record holds no reason for it"
 
 
 @dataclass
@@ -353,6 +398,34 @@ class StepView:
     proxy_block: dict[str, Any] = field(default_factory=dict)
     tools: list[ToolView] = field(default_factory=list)
     request_text: str = ""
+    problems: list[TurnProblem] = field(default_factory=list)  # what the audit found here
+    no_tee: list[str] = field(default_factory=list)  # why its reply is not shown to be a TEE's
+
+    @property
+    def seqs(self) -> list[int]:
+        """The entries this step shows, from its request to its last tool's answer."""
+        found = [self.request_at.seq] + ([self.response_at.seq] if self.response_at else [])
+        for tool in self.tools:
+            if tool.kind != "unsent":
+                found += [tool.call.seq] + ([tool.answer.seq] if tool.answer else [])
+        return found
+
+    def positions(self) -> list[Position]:
+        found = [self.request_at] + ([self.response_at] if self.response_at else [])
+        for tool in self.tools:
+            if tool.kind != "unsent":
+                found += [tool.call] + ([tool.answer] if tool.answer else [])
+        return found
+
+
+@dataclass(frozen=True)
+class TurnProblem:
+    """One thing the audit, the keys or a proof says is wrong with the turn's record."""
+
+    code: str
+    seq: int | None
+    detail: str
+    step: int | None = None  # the step it falls in (None: the turn or the stream as a whole)
 
 
 @dataclass
@@ -371,18 +444,32 @@ class TurnView:
     answer: str = ""
     decisions: list[TurnDecided] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
+    problems: list[TurnProblem] = field(default_factory=list)  # every one, the turn's first
 
     @property
     def strict(self) -> bool:
         return bool(self.pins and self.pins.get("strict_cache") is True)
+
+    @property
+    def untrusted(self) -> bool:
+        """Whether the record of this turn has a problem worse than an unsigned tail."""
+        return any(p.code not in NOT_TAMPERING for p in self.problems)
+
+    @property
+    def no_tee(self) -> list[str]:
+        """Why the turn's replies are not shown to come from a TEE (empty: they are)."""
+        return list(dict.fromkeys(why for step in self.steps for why in step.no_tee))
 
 
 class NoTurn(LookupError):
     """The stream has no such turn (404)."""
 
 
-def turn_view(record: StreamRecord, opened: Opened, turn: int) -> TurnView:
-    """Turn ``turn`` of the stream, step by step, every entry with its position and proof."""
+def turn_view(
+    record: StreamRecord, opened: Opened, turn: int, problems: list[Problem] | None = None
+) -> TurnView:
+    """Turn ``turn`` of the stream, step by step, every entry with its position and proof;
+    with the stream's audit ``problems``, what is wrong with it, each on its step."""
     at = {e.seq: e.occurred_at for e in record.entries}
     index = {e.seq: i for i, e in enumerate(record.entries)}
     bodies = shown_bodies(opened)
@@ -451,6 +538,7 @@ def turn_view(record: StreamRecord, opened: Opened, turn: int) -> TurnView:
                 step.proxy_block = {k: v for k, v in block.items() if k.startswith(PROXY_PREFIX)}
                 if response.fingerprint:
                     step.engine_block.setdefault("system_fingerprint", response.fingerprint)
+                step.no_tee = no_tee(block)
             web_calls = [(n, a) for n, a in step.reply_calls if "__" not in n]
         elif step is not None and isinstance(body, ToolCall):
             step.tools.append(_mcp_tool(record, index, at, seq, body, answers.get(seq)))
@@ -459,6 +547,11 @@ def turn_view(record: StreamRecord, opened: Opened, turn: int) -> TurnView:
             step.tools.append(
                 _fetch_tool(record, index, at, seq, body, answers.get(seq), name, arguments)
             )
+    for i, step in enumerate(view.steps):
+        following = view.steps[i + 1].request.request_bytes if i + 1 < len(view.steps) else None
+        step.tools += _unsent_tools(step, following)
+    if problems is not None:
+        view.problems = turn_problems(view, opened, problems)
     return view
 
 
@@ -481,6 +574,7 @@ def _mcp_tool(
         None,
         idempotent=call.idempotent,
         at=at[seq],
+        call_id=call.call_id,
     )
     if answer is not None and isinstance(answer[1], ToolResult):
         result = answer[1]
@@ -518,6 +612,7 @@ def _fetch_tool(
         idempotent=True,
         url=f"{request.method} {request.url}",
         at=at[seq],
+        call_id=request.call_id,
     )
     if answer is not None and isinstance(answer[1], FetchResponse):
         response = answer[1]
@@ -531,3 +626,147 @@ def _fetch_tool(
         else:
             view.result, view.is_error = pretty_bytes(response.error_bytes), True
     return view
+
+
+# -- tool calls that never reached the proxy ------------------------------------------------------
+
+
+def _sent_results(request_bytes: bytes | None) -> list[tuple[str, str, str, str]]:
+    """The tool results a model request sends back for the previous reply's calls:
+    ``(call id, tool, arguments, text)``, from OpenAI's ``tool`` messages or Anthropic's
+    ``tool_result`` blocks."""
+    try:
+        sent = load_json(request_bytes or b"")
+    except JsonRefused:
+        return []
+    messages = _list(_dict(sent).get("messages"))
+    asked: dict[str, tuple[str, str]] = {}
+    results: list[tuple[str, str]] = []
+    for message in messages:
+        message = _dict(message)
+        if message.get("role") == "assistant":
+            asked, results = {}, []  # only the last reply's calls are answered here
+            for call in _list(message.get("tool_calls")):
+                function = _dict(_dict(call).get("function"))
+                asked[str(_dict(call).get("id", ""))] = (
+                    str(function.get("name", "")),
+                    str(function.get("arguments", "")),
+                )
+            for block in _list(message.get("content")):
+                block = _dict(block)
+                if block.get("type") == "tool_use":
+                    arguments = json.dumps(block.get("input", {}), sort_keys=True)
+                    asked[str(block.get("id", ""))] = (str(block.get("name", "")), arguments)
+        elif message.get("role") == "tool":
+            results.append((str(message.get("tool_call_id", "")), _text(message.get("content"))))
+        elif message.get("role") == "user":
+            for block in _list(message.get("content")):
+                block = _dict(block)
+                if block.get("type") == "tool_result":
+                    results.append((str(block.get("tool_use_id", "")), _text(block.get("content"))))
+    return [(cid, *asked.get(cid, ("", "")), text) for cid, text in results]
+
+
+def _text(content: Any) -> str:
+    """A tool message's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    return "".join(str(_dict(part).get("text", "")) for part in _list(content))
+
+
+def _unsent_tools(step: StepView, following: bytes | None) -> list[ToolView]:
+    """The calls the step's reply asked for that left no tool or fetch entry: each failed
+    before it reached the proxy (unknown tool, arguments refused). Their reason is the text
+    the harness sent back to the model, which the next model request records."""
+    if step.response_at is None or not step.reply_calls:
+        return []
+    recorded = {tool.call_id for tool in step.tools if tool.call_id}
+    anonymous = sum(1 for tool in step.tools if not tool.call_id)  # refused fetches
+    if following is not None:
+        missing = [r for r in _sent_results(following) if r[0] not in recorded][anonymous:]
+    else:
+        left = max(0, len(step.reply_calls) - len(step.tools))
+        missing = [
+            ("", name, args, "the record holds no result: the turn ended before it was answered")
+            for name, args in step.reply_calls[len(step.reply_calls) - left :]
+        ]
+    views = []
+    for call_id, name, arguments, text in missing:
+        server, _, tool = name.rpartition("__")
+        views.append(
+            ToolView(
+                "unsent",
+                server or "web (the proxy's fetch)",
+                tool or name,
+                pretty_bytes(arguments.encode("utf-8", "backslashreplace")) if arguments else "",
+                text_of(text.encode("utf-8", "backslashreplace")) or "the record holds no reason",
+                "FAILED",
+                step.response_at,
+                None,
+                is_error=True,
+                call_id=call_id or None,
+            )
+        )
+    return views
+
+
+# -- what is wrong with a turn's record -----------------------------------------------------
+
+
+def turn_problems(view: TurnView, opened: Opened, problems: list[Problem]) -> list[TurnProblem]:
+    """Every problem of the stream, those inside the turn first, each on the step it falls
+    in: audit problems that name an entry, bodies that do not open (they are never dropped
+    silently), and entries whose inclusion proof fails against the signed checkpoint."""
+    last = view.ended_at.seq if view.ended_at else None
+    later = [seq for seq, body in opened.bodies if isinstance(body, TurnStarted)]
+    end = (
+        last if last is not None else min((s for s in later if s > view.started.seq), default=None)
+    )
+
+    def inside(seq: int | None) -> bool:
+        return seq is not None and seq >= view.started.seq and (end is None or seq <= end)
+
+    def step_of(seq: int) -> StepView | None:
+        before = [s for s in view.steps if s.request_at.seq <= seq]
+        return before[-1] if before else None
+
+    found: list[tuple[int | None, str, str]] = []
+    for p in problems:
+        found.append((p.seq if p.code in ENTRY_CODES else None, p.code, p.detail))
+    for seq, why in sorted(opened.errors.items()):
+        found.append((seq, "cannot_open", f"its body does not open: {why}"))
+    shown = [view.started] + [p for s in view.steps for p in s.positions()]
+    shown += [view.ended_at] if view.ended_at else []
+    failing = [
+        pos
+        for pos in shown
+        if not pos.verified and pos.checkpoint_size is not None and pos.index < pos.checkpoint_size
+    ]
+    if any(seq is not None for seq, _, _ in found):
+        # one changed entry fails every proof against the signed root: the entries named
+        # above are the changed ones, so the failing proofs are said once, not on every step
+        if failing:
+            seqs = ", ".join(str(pos.seq) for pos in failing)
+            found.append(
+                (
+                    None,
+                    "proof_fails",
+                    f"the inclusion proofs of {len(failing)} entries shown here (seq {seqs}) "
+                    "do not verify against the signed checkpoint: the stored tree is not the "
+                    "one that was signed",
+                )
+            )
+    else:
+        why = "its inclusion proof fails against the signed checkpoint (open its position)"
+        found += [(pos.seq, "proof_fails", why) for pos in failing]
+    ours, theirs = [], []
+    for where, code, detail in found:
+        if where is not None and inside(where):
+            step = step_of(where)
+            item = TurnProblem(code, where, detail, step.step if step else None)
+            if step is not None and item not in step.problems:
+                step.problems.append(item)
+            ours.append(item)
+        else:
+            theirs.append(TurnProblem(code, where, detail))
+    return list(dict.fromkeys(ours + theirs))
