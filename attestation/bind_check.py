@@ -25,7 +25,7 @@ judged at the time of its stream's first signed ``evidence.archived`` entry, its
 from its name, and a ``skip evidence.link`` line says so.
 ``--trusted-root FILE`` (SEV-SNP) replaces AMD's pinned roots with the ARK(s) in FILE, for a
 rehearsal with a test chain; the output then opens with ``skip trust.amd_roots`` (see
-``attestation.cli``).
+``attestation.evidence``).
 Files are named ``<kind>-<stamp>.report`` / ``.certs.pem`` / ``.collateral.json``.
 """
 
@@ -93,7 +93,7 @@ def check_bundle(
     ``evidence.archived`` entry, and the output says so. ``verify`` replaces the evidence
     verifier (tests). ``certs``: a chain (PEM) for the reports the record kept without one
     (``--certs``); a report kept with its chain is judged by that chain only."""
-    from attestation.cli import verify_evidence
+    from attestation.evidence import verify_evidence
     from record.bundle import BOOT, ENTRIES, EVIDENCE, INDEX, LOG_KEY, verify_bundle
     from record.reader import StreamKeys
     from record.schema import EvidenceArchived, parse_entry
@@ -333,7 +333,7 @@ def attest_bind_check(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
 ) -> None:
     """Check that a bundle's evidence vouches for the key that signed its checkpoints."""
-    from attestation.cli import read_trusted_roots, verify_evidence
+    from attestation.evidence import read_trusted_roots, verify_evidence
     from record.errors import RecordError
     from record.seal import KeyPair
 

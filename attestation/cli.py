@@ -18,46 +18,30 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import Annotated, Any, cast
 
 import typer
 
-from attestation.verdict import Check, EvidenceKind, Verdict
+from attestation.evidence import (
+    CertsNeeded,
+    Missing,
+    mark_trusted_roots,
+    read_evidence,
+    read_file,
+    read_rims,
+    read_trusted_roots,
+    split_certs,
+    verify_evidence,
+)
+from attestation.verdict import EvidenceKind, Verdict
 
-if TYPE_CHECKING:
-    from attestation.nvidia_rim import Rim
-
-__all__ = [
-    "TrustedRoots",
-    "mark_trusted_roots",
-    "parse_now",
-    "read_evidence",
-    "read_rims",
-    "read_trusted_roots",
-    "register",
-    "verify_evidence",
-]
+__all__ = ["RELEASE_KEY", "parse_now", "register"]
 
 EXIT_ACCEPT, EXIT_REJECT, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
 #: Where a release's public key is committed (``measurements/release.pub``).
 RELEASE_KEY = Path(__file__).resolve().parents[1] / "measurements" / "release.pub"
-
-
-class Missing(Exception):
-    """An input file that is not there (exit 3)."""
-
-
-class CertsNeeded(ValueError):
-    """The evidence's kind needs certificates that were not given."""
-
-
-def _read(path: Path) -> bytes:
-    if not path.is_file():
-        raise Missing(f"{path} does not exist")
-    return path.read_bytes()
 
 
 def parse_now(text: str | None) -> datetime:
@@ -71,157 +55,6 @@ def parse_now(text: str | None) -> datetime:
     if when.tzinfo is None:
         raise typer.BadParameter(f"{text!r} has no UTC offset", param_hint="--now")
     return when.astimezone(UTC)
-
-
-class TrustedRoots:
-    """``--trusted-root FILE``: SEV-SNP ARKs to trust INSTEAD of AMD's pinned roots.
-
-    ``roots`` maps the product each ARK names (its subject CN, ``ARK-<product>``) to the
-    SHA-256 of its SubjectPublicKeyInfo, the form ``attestation.snp.verify_snp`` takes.
-    """
-
-    def __init__(self, path: Path, roots: Mapping[str, str]) -> None:
-        self.path = path
-        self.roots = dict(roots)
-
-
-def read_trusted_roots(path: Path) -> TrustedRoots:
-    """The self-signed ARK certificates in ``path`` (PEM or one DER).
-
-    Raises:
-        Missing: no such file.
-        ValueError: no certificate parses, one is not self-issued, or its subject CN is not
-            ``ARK-Milan``, ``ARK-Genoa`` or ``ARK-Turin`` (any other name says which).
-    """
-    from cryptography.x509.oid import NameOID
-
-    from attestation.amd_roots import AMD_ARK_SPKI_SHA256
-    from attestation.certs import load_certs, spki_sha256
-
-    certs = load_certs(_read(path))
-    roots: dict[str, str] = {}
-    for cert in certs:
-        names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-        cn = str(names[0].value) if names else ""
-        product = cn.removeprefix("ARK-")
-        if cert.subject != cert.issuer:
-            raise ValueError(f"{path}: {cn or cert.subject.rfc4514_string()} is not a root")
-        if not cn.startswith("ARK-") or product not in AMD_ARK_SPKI_SHA256:
-            raise ValueError(
-                f"{path}: {cn!r} is not an ARK name (ARK-{', ARK-'.join(AMD_ARK_SPKI_SHA256)})"
-            )
-        roots[product] = spki_sha256(cert)
-    return TrustedRoots(path, roots)
-
-
-def read_rims(paths: Sequence[Path]) -> list[Rim]:
-    """``--rim FILE …``: the RIM files, parsed (signatures are checked by the verifier).
-
-    Raises:
-        Missing: no such file.
-        RimError: a file that is not a RIM (not XML, a DTD, no Payload, …) or a second RIM of
-            one kind (driver, VBIOS), naming the file.
-    """
-    from attestation.nvidia_rim import RimError, parse_rim
-
-    rims: list[Rim] = []
-    for path in paths:
-        rim = parse_rim(_read(path), str(path))
-        same = next((r for r in rims if r.kind == rim.kind), None)
-        if same is not None:
-            raise RimError(f"{path}: a second {rim.kind} RIM (after {same.source}): give one")
-        rims.append(rim)
-    return rims
-
-
-def mark_trusted_roots(verdict: Verdict, trusted: TrustedRoots) -> Verdict:
-    """Say, in the verdict itself, that ``trusted`` replaced AMD's pinned roots.
-
-    A ``trust.amd_roots`` check that was not made (``skip``) goes first, and the details that
-    would say "AMD" of a root trusted from the file say ``--trusted-root`` instead.
-    """
-    products = ", ".join(f"{p} {fp[:16]}…" for p, fp in sorted(trusted.roots.items()))
-    notice = Check(
-        "trust.amd_roots",
-        None,
-        f"NOT checked: the chain was held to --trusted-root {trusted.path} ({products}) "
-        "in place of AMD's pinned roots",
-    )
-    marked = [notice]
-    for check in verdict.checks:
-        if check.name in ("chain.ark_pinned", "vek.product") and check.ok:
-            detail = check.detail.replace("the pinned AMD ", "the --trusted-root ")
-            detail = detail.replace("AMD's ", "the --trusted-root ")
-            check = Check(check.name, check.ok, detail)
-        marked.append(check)
-    verdict.checks = marked
-    verdict.facts["trusted_roots"] = {"file": str(trusted.path), **trusted.roots}
-    return verdict
-
-
-def read_evidence(data: bytes) -> bytes:
-    """Evidence as given: raw bytes, or hex text (whitespace ignored)."""
-    text = data.strip()
-    try:
-        if text and all(c in b"0123456789abcdefABCDEF \n\r\t" for c in text):
-            return bytes.fromhex(text.decode("ascii"))
-    except ValueError:
-        pass
-    return data
-
-
-def _split_certs(blobs: list[bytes]) -> tuple[bytes | None, bytes]:
-    """SNP ``--certs``: the VCEK/VLEK (the one EC key) and the rest of the chain, as PEM."""
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.hazmat.primitives.serialization import Encoding
-
-    from attestation.certs import load_certs
-
-    certs = [cert for blob in blobs for cert in load_certs(blob)]
-    leaf = next((c for c in certs if isinstance(c.public_key(), ec.EllipticCurvePublicKey)), None)
-    rest = b"".join(c.public_bytes(Encoding.PEM) for c in certs if c is not leaf)
-    return (leaf.public_bytes(Encoding.DER) if leaf is not None else None), rest
-
-
-def verify_evidence(
-    kind: EvidenceKind,
-    evidence: bytes,
-    *,
-    certs: list[bytes],
-    collateral: bytes | None,
-    now: datetime,
-    nonce: bytes | None = None,
-    online: bool = False,
-    trusted: TrustedRoots | None = None,
-    rims: Sequence[Rim] = (),
-    crl: bytes | None = None,
-) -> Verdict:
-    """Verify one piece of evidence with the verifier for its kind (``online``: also the
-    steps that need the vendor's services: the GPU's RIMs and OCSP). ``trusted``
-    (SEV-SNP only) replaces AMD's pinned roots, and the verdict says so. ``rims`` (NVIDIA
-    only): the RIM files the GPU's measurements are compared with. ``crl`` (SEV-SNP only):
-    AMD's CRL for the chain, DER or PEM."""
-    if kind == "snp":
-        from attestation.snp import verify_snp
-
-        vek, chain = _split_certs(certs)
-        if vek is None:
-            raise CertsNeeded("no VCEK or VLEK among the certificates")
-        if trusted is None:
-            return verify_snp(evidence, vek, chain, now=now, crl=crl)
-        verdict = verify_snp(evidence, vek, chain, now=now, trusted_roots=trusted.roots, crl=crl)
-        return mark_trusted_roots(verdict, trusted)
-    if trusted is not None:
-        raise ValueError("--trusted-root is for SEV-SNP evidence only")
-    if kind == "tdx":
-        from attestation.tdx import verify_tdx
-
-        return verify_tdx(evidence, now=now, collateral=collateral)
-    from attestation.nvidia import verify_nvidia
-
-    if not certs:
-        raise CertsNeeded("NVIDIA evidence needs its certificate chain")
-    return verify_nvidia(evidence, b"".join(certs), now=now, nonce=nonce, online=online, rims=rims)
 
 
 def _print(verdict: Verdict, as_json: bool) -> None:
@@ -246,7 +79,10 @@ def attest_verify(
     kind: Annotated[str, typer.Option(help="snp, tdx or nvidia")],
     certs: Annotated[
         list[Path] | None,
-        typer.Option(help="certificates: VCEK/VLEK and ASK+ARK, or the GPU chain"),
+        typer.Option(
+            metavar="PEM_FILE",
+            help="certificates: VCEK/VLEK and ASK+ARK, or the GPU chain (repeatable)",
+        ),
     ] = None,
     collateral: Annotated[
         Path | None, typer.Option(help="TDX collateral (TCB info, QE identity)")
@@ -275,6 +111,7 @@ def attest_verify(
         list[Path] | None,
         typer.Option(
             "--rim",
+            metavar="SWIDTAG_FILE",
             help="NVIDIA: a RIM file (.swidtag) to compare the measurements with (driver, "
             "VBIOS; repeat the option)",
         ),
@@ -320,9 +157,9 @@ def attest_verify(
     except ValueError:
         raise typer.BadParameter(f"{nonce!r} is not hex", param_hint="--nonce") from None
     try:
-        data = read_evidence(_read(evidence))
-        blobs = [_read(p) for p in certs or []]
-        extra = _read(collateral) if collateral is not None else None
+        data = read_evidence(read_file(evidence))
+        blobs = [read_file(p) for p in certs or []]
+        extra = read_file(collateral) if collateral is not None else None
         try:
             trusted = read_trusted_roots(trusted_root) if trusted_root is not None else None
         except Missing:
@@ -335,7 +172,7 @@ def attest_verify(
             raise
         except ValueError as exc:  # a file that is not a RIM, named
             raise typer.BadParameter(str(exc), param_hint="--rim") from None
-        revocations = _read(crl) if crl is not None else None
+        revocations = read_file(crl) if crl is not None else None
         if fetch_crl:
             revocations = _fetch_crl(blobs, kds)
         rules = load_policy(policy) if policy is not None else Policy()
@@ -345,7 +182,7 @@ def attest_verify(
         promised, untrusted = None, None
         if published is not None:
             key_path = release_key or RELEASE_KEY
-            _read(key_path)
+            read_file(key_path)
             try:
                 promised = load_published(published, read_public_key(key_path))
             except SignatureMismatch as exc:  # a problem found, not a usage error
@@ -399,7 +236,7 @@ def _fetch_crl(blobs: list[bytes], kds: str) -> bytes:
     from attestation.amd_crl import fetch_crl as fetch
     from attestation.snp import parse_vek
 
-    vek, _ = _split_certs(blobs)
+    vek, _ = split_certs(blobs)
     product = parse_vek(vek).product if vek is not None else None
     if product is None:
         raise typer.BadParameter("no VCEK/VLEK naming its product", param_hint="--certs")

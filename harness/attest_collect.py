@@ -66,7 +66,7 @@ def register(attest: typer.Typer) -> None:
         import json
 
         from attestation.binding import binding_digest, report_data
-        from attestation.cli import read_evidence
+        from attestation.evidence import read_evidence
         from harness.session import control
         from harness.state import Home
 
