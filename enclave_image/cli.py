@@ -181,9 +181,14 @@ def measure(
         typer.Argument(metavar="DIR", help="the image folder: vmlinuz, initrd.img, cmdline.txt"),
     ],
     ovmf: Annotated[Path, typer.Option("--ovmf", help="the pinned OVMF (AmdSev build)")],
-    vcpus: Annotated[list[int], typer.Option("--vcpus", help="a vCPU count (repeat for more)")],
+    vcpus: Annotated[
+        list[int], typer.Option("--vcpus", metavar="N", help="a vCPU count (repeat for more)")
+    ],
     vcpu_type: Annotated[
-        list[str], typer.Option("--vcpu-type", help="a QEMU vCPU type, e.g. EPYC-v4 (repeatable)")
+        list[str],
+        typer.Option(
+            "--vcpu-type", metavar="TYPE", help="a QEMU vCPU type, e.g. EPYC-v4 (repeatable)"
+        ),
     ],
     version: Annotated[str, typer.Option("--version", help="the release; names the file")],
     release_key: Annotated[

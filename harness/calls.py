@@ -525,8 +525,12 @@ def open_replay_of(
     import grpc
 
     from egress_proxy.sessions import REPLAYS_LABEL
-    from harness.session import control, open_session
+    from harness.session import control, has_stream, open_session
+    from harness.state import SessionUnknown
 
+    store = home.appliance().store
+    if not has_stream(store, source):  # before opening: a mistyped id leaves no session
+        raise SessionUnknown(f"no session {source!r} to replay in the record {store}")
     state = open_session(
         home, None, list(recipients), policy=policy, labels={REPLAYS_LABEL: source}
     )

@@ -1,11 +1,13 @@
 """``affidavit``: the command line, a typer app assembled from each part's commands.
 
-Exit codes everywhere: 0 fine, 1 a problem was found, 2 usage error, 3 something it needs
-is missing (a store, bundle, key file or an extra).
+Exit codes everywhere: 0 fine, 1 a problem was found, 2 usage error (a key file that is not
+a key, a home another ``up`` holds), 3 something it needs is missing (a running appliance, a
+session, a turn, a store, bundle, key file or an extra).
 
 :func:`main` runs the app without click's standalone mode and *returns* the exit code: a
 usage error (unknown option, missing argument, bad value) is printed on stderr and gives 2,
-and an error of the record that escapes a command gives its documented code, never a
+and an expected condition that escapes a command (``harness.state.HomeError``, an error of
+the record, a control socket nobody answers) gives its documented code in one line, never a
 traceback. Each part's ``cli`` module imports nothing heavy until its command runs (no
 torch for ``log verify``).
 """
@@ -19,7 +21,7 @@ from typing import IO, Annotated, Any, Protocol, cast
 
 import typer
 
-from harness.state import HomeMissing
+from harness.state import HomeError
 from inference import cli as engine_cli
 from record import cli as record_cli
 
@@ -96,7 +98,26 @@ def build_app() -> typer.Typer:
     return root
 
 
-def _root() -> None:
+def _print_version(asked: bool) -> None:
+    """``--version``: the installed distribution's version, then exit 0."""
+    if asked:
+        from importlib.metadata import version
+
+        print(f"affidavit {version('affidavit')}")
+        raise typer.Exit(EXIT_OK)
+
+
+def _root(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="print the version and exit",
+            is_eager=True,
+            callback=_print_version,
+        ),
+    ] = False,
+) -> None:
     """A recorded, sealed, replayable agent harness."""
 
 
@@ -116,16 +137,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except typer.Abort:
         print("Aborted!", file=sys.stderr)
         return EXIT_PROBLEM
-    except HomeMissing as exc:  # no appliance, session, store or key file: exit 3
-        print(f"affidavit: missing: {exc}", file=sys.stderr)
-        return EXIT_MISSING
+    except HomeError as exc:  # 3: no appliance, session, turn, store or key; 2: a bad key file
+        print(f"affidavit: {exc.prefix}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except Exception as exc:
         code = record_cli.report_error(exc)
+        if code is None:
+            code = _appliance_gone(exc)
         if code is None:
             raise
         return code
     # A command returns None (0) or raises typer.Exit(code), which click returns as an int.
     return result if isinstance(result, int) else EXIT_OK
+
+
+def _appliance_gone(exc: Exception) -> int | None:
+    """gRPC's UNAVAILABLE from a control socket nobody answers (its ``up`` was killed) is
+    an appliance that is missing (3), said in one line; ``None`` for any other error."""
+    if type(exc).__module__.split(".")[0] != "grpc":
+        return None
+    import grpc
+
+    if not isinstance(exc, grpc.RpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return None
+    print(
+        "affidavit: missing: the appliance's control socket does not answer (its `affidavit up`"
+        " has stopped): run `affidavit up`",
+        file=sys.stderr,
+    )
+    return EXIT_MISSING
 
 
 if __name__ == "__main__":

@@ -19,8 +19,12 @@ from typing import Annotated, Any
 import typer
 
 from harness.up import DEFAULT_MODEL
+from record.cli import counted, home_store
 
-__all__ = ["parse_tool_choices", "register"]
+__all__ = ["EXIT_INTERRUPTED", "parse_tool_choices", "register", "session_status"]
+
+#: Ctrl-C (SIGINT) ends ``turn`` with the shell's code for it, 128 + 2.
+EXIT_INTERRUPTED = 130
 
 HomeOption = Annotated[
     Path | None,
@@ -31,6 +35,7 @@ KeyOption = Annotated[
     typer.Option("--key", help="a recipient private key (default: the home's user.key)"),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document")]
+SessionArg = Annotated[str, typer.Argument(metavar="SESSION", help="the session's id")]
 
 
 def _home(home: Path | None) -> Any:
@@ -46,6 +51,26 @@ def _err(text: str) -> None:
 def _missing(exc: Exception) -> typer.Exit:
     _err(f"affidavit: missing: {exc}")
     return typer.Exit(3)
+
+
+def session_status(stored: str, last_turn_open: bool) -> str:
+    """A session's status as people see it, text and ``--json`` alike: an open last turn is
+    ``interrupted`` (its process is gone, or Ctrl-C stopped it) unless a person must decide;
+    ``running`` is only the state file's note that a turn began."""
+    if last_turn_open and stored != "needs_decision":
+        return "interrupted"
+    return "idle" if stored == "running" else stored
+
+
+def _last_turn_open(h: Any, session: str, key: Path | None = None) -> bool | None:
+    """Whether the session's last turn has no ``turn.ended`` (None: the record can't say)."""
+    from harness.session import read_bodies, turn_states, user_key
+
+    try:
+        states = turn_states(read_bodies(home_store(h.root), session, user_key(h, key)))
+    except Exception:  # no store, no key, not sealed to it: the state file's word stands
+        return None
+    return bool(states) and states[-1].ended is None
 
 
 def _phase_printer() -> Any:
@@ -189,16 +214,21 @@ def register(app: typer.Typer) -> None:
     @session_app.command("new")
     def session_new(
         pin: Annotated[
-            list[str], typer.Option("--pin", help="seed=42,temperature=0.7,… or default")
+            list[str],
+            typer.Option("--pin", metavar="PINS", help="seed=42,temperature=0.7,… or default"),
         ] = [],  # noqa: B006
         recipient: Annotated[
-            list[str], typer.Option("--recipient", help="another recipient's public key")
+            list[str],
+            typer.Option(
+                "--recipient", metavar="PUBLIC_KEY", help="another recipient's public key"
+            ),
         ] = [],  # noqa: B006
         max_steps: Annotated[int, typer.Option(min=1, max=64, help="the turn's step limit")] = 8,
         tool_choice: Annotated[
             list[str],
             typer.Option(
                 "--tool-choice",
+                metavar="CHOICE",
                 help="per step, in order (repeat it, or comma-separate: web_search,auto): "
                 "auto, required, none, or a tool's name to force that tool",
             ),
@@ -268,7 +298,10 @@ def register(app: typer.Typer) -> None:
 
     @session_app.command("show")
     def session_show(
-        session: str, home: HomeOption = None, key: KeyOption = None, as_json: JsonOption = False
+        session: SessionArg,
+        home: HomeOption = None,
+        key: KeyOption = None,
+        as_json: JsonOption = False,
     ) -> None:
         """A session's turns, status (needs_decision included) and kept checkpoints."""
         from harness.session import read_bodies, turn_states, user_key
@@ -277,7 +310,7 @@ def register(app: typer.Typer) -> None:
         h = _home(home)
         try:
             state = h.session(session)
-            bodies = read_bodies(h.appliance().store, session, user_key(h, key))
+            bodies = read_bodies(home_store(h.root), session, user_key(h, key))
         except HomeMissing as exc:
             raise _missing(exc) from None
         turns: list[dict[str, Any]] = [
@@ -294,11 +327,8 @@ def register(app: typer.Typer) -> None:
             }
             for t in turn_states(bodies)
         ]
-        status = state.status
-        if turns and turns[-1]["outcome"] == "open" and status != "needs_decision":
-            status = "interrupted"  # the record says so, whatever the state file last saw
-        elif status == "running":
-            status = "idle"
+        # the record says whether the last turn ended, whatever the state file last saw
+        status = session_status(state.status, bool(turns) and turns[-1]["outcome"] == "open")
         doc = {
             "session": session,
             "status": status,
@@ -312,7 +342,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(doc, indent=2))
             return
         print(
-            f"session {session}  status {state.status}  pins {json.dumps(state.pins) if state.pins else 'none'}"
+            f"session {session}  status {status}  pins {json.dumps(state.pins) if state.pins else 'none'}"
         )
         if status == "interrupted":
             print(f"  turn {turns[-1]['turn']} did not end: affidavit resume {session}")
@@ -323,16 +353,27 @@ def register(app: typer.Typer) -> None:
             print(f"  affidavit resume {session} --decide retry|skip|abort")
         for t in turns:
             print(
-                f"  turn {t['turn']}  {t['outcome']:<9} {t['model_steps']} model steps, {t['tool_calls']} tool calls  {str(t['input'])[:60]!r}"
+                f"  turn {t['turn']}  {t['outcome']:<9} {counted(t['model_steps'], 'model step')}, "
+                f"{counted(t['tool_calls'], 'tool call')}  {str(t['input'])[:60]!r}"
             )
-        print(f"  {len(doc['checkpoints'])} checkpoints kept in {h.root / 'checkpoints' / session}")
+        kept = counted(len(doc["checkpoints"]), "checkpoint")
+        print(f"  {kept} kept in {h.root / 'checkpoints' / session}")
 
     @session_app.command("list")
-    def session_list(home: HomeOption = None, as_json: JsonOption = False) -> None:
-        """The sessions this state folder knows."""
+    def session_list(
+        home: HomeOption = None, key: KeyOption = None, as_json: JsonOption = False
+    ) -> None:
+        """The sessions this state folder knows (no running appliance needed)."""
         h = _home(home)
+
+        def status(s: Any) -> str:
+            if s.status != "running":  # a turn began: the record says whether it ended
+                return session_status(s.status, False)
+            is_open = _last_turn_open(h, s.session_id, key)
+            return s.status if is_open is None else session_status(s.status, is_open)
+
         rows = [
-            {"session": s.session_id, "status": s.status, "pinned": s.pinned} for s in h.sessions()
+            {"session": s.session_id, "status": status(s), "pinned": s.pinned} for s in h.sessions()
         ]
         if as_json:
             print(json.dumps(rows))
@@ -343,7 +384,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("turn")
     def turn(
-        session: str,
+        session: SessionArg,
         message: str,
         home: HomeOption = None,
         key: KeyOption = None,
@@ -354,22 +395,28 @@ def register(app: typer.Typer) -> None:
         from harness.state import HomeMissing
 
         h = _home(home)
+        opener: Any = None
         try:
-            result = run_turn(h, session, message, key=user_key(h, key), on_phase=_phase_printer())
+            opener = user_key(h, key)
+            result = run_turn(h, session, message, key=opener, on_phase=_phase_printer())
         except HomeMissing as exc:
             raise _missing(exc) from None
+        except KeyboardInterrupt:  # Ctrl-C: say where the turn stopped and how to finish it
+            _err(_interrupted(h, session, opener, home=home, key=key))
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         _print_result(summary_json(result), as_json)
         raise typer.Exit(0 if result.outcome in ("ANSWERED", "STEP_LIMIT") else 1)
 
     @app.command("replay")
     def replay(
-        session: str,
+        session: SessionArg,
         numbers: Annotated[
             list[int] | None,
             typer.Argument(
                 metavar="TURN | [SEQ...]",
                 help="the turn to replay; with --calls, the model.request seqs (none: every call)",
                 show_default=False,
+                hidden=True,  # typer would print its type as <list[int]>: the docstring says it
             ),
         ] = None,
         calls: Annotated[
@@ -387,19 +434,28 @@ def register(app: typer.Typer) -> None:
         ] = False,
         store: Annotated[
             Path | None,
-            typer.Option(help="the record store (reconstruct; default: the appliance's)"),
+            typer.Option(
+                metavar="STORE", help="the record store (reconstruct; default: the home's store)"
+            ),
         ] = None,
         pin: Annotated[
             list[str],
-            typer.Option("--pin", help="re-execute with these pins instead (a negative control)"),
+            typer.Option(
+                "--pin",
+                metavar="PINS",
+                help="re-execute with these pins instead (a negative control)",
+            ),
         ] = [],  # noqa: B006
         home: HomeOption = None,
         key: KeyOption = None,
         as_json: JsonOption = False,
     ) -> None:
         """Reconstruct a turn (or, with --calls, each recorded call) from the record, or
-        re-execute it against the pinned engine."""
-        from harness.session import user_key
+        re-execute it against the pinned engine.
+
+        TURN is the turn to replay; with --calls, SEQ... are the model.request seqs to replay
+        (none: every call)."""
+        from harness.session import read_bodies, require_turn, user_key
         from harness.state import HomeMissing
 
         if calls:
@@ -407,6 +463,8 @@ def register(app: typer.Typer) -> None:
 
             if pin:
                 raise typer.BadParameter("--pin is for turns", param_hint="--pin")
+            if reconstruct and store is None:  # the home's store: no appliance needed
+                store = home_store(_home(home).root)
             raise typer.Exit(
                 replay_calls(_home(home), session, numbers, reconstruct, store, key, as_json)
             )
@@ -419,10 +477,12 @@ def register(app: typer.Typer) -> None:
             if reconstruct:
                 from harness.reconstruct import reconstruct_turn
 
-                where = store if store is not None else Path(h.appliance().store)
+                where = store if store is not None else home_store(h.root)
                 if not where.is_file():
                     raise HomeMissing(f"record store {where} does not exist")
-                report = reconstruct_turn(where, session, turn, opener)
+                bodies = read_bodies(where, session, opener)
+                require_turn(bodies, session, turn)  # an unknown session or turn: 3
+                report = reconstruct_turn(where, session, turn, opener, bodies=bodies)
                 if as_json:
                     print(json.dumps(report.json(), indent=2))
                 else:
@@ -432,7 +492,9 @@ def register(app: typer.Typer) -> None:
                         )
                     if report.ok:
                         print(
-                            f"Turn {turn} of {session}: reconstructed exactly: {len(report.steps)} requests and the final answer, byte for byte"
+                            f"Turn {turn} of {session}: reconstructed exactly: "
+                            f"{counted(len(report.steps), 'request')} and the final answer, "
+                            "byte for byte"
                         )
                     else:
                         d = report.difference
@@ -449,6 +511,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(0 if report.ok else 1)
             from harness.reexecute import reexecute_turn
 
+            require_turn(read_bodies(h.appliance().store, session, opener), session, turn)
             override = parse_pins(pin) if pin else None
             result = reexecute_turn(
                 h,
@@ -475,7 +538,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("resume")
     def resume(
-        session: str,
+        session: SessionArg,
         decide: Annotated[
             str | None, typer.Option("--decide", help="retry|skip|abort the call a turn waits on")
         ] = None,
@@ -534,6 +597,32 @@ def register(app: typer.Typer) -> None:
     from enclave_image import cli as image_cli
 
     image_cli.register(app)
+
+
+def _interrupted(h: Any, session: str, opener: Any, *, home: Path | None, key: Path | None) -> str:
+    """The line Ctrl-C during ``turn`` prints: where the record says the turn stopped, and the
+    exact ``resume`` command, with the ``--home`` and ``--key`` this turn was given (a second
+    Ctrl-C while reading the record skips the detail)."""
+    import shlex
+
+    from harness.resume import stopped_at
+    from harness.session import read_bodies
+
+    command = ["affidavit", "resume", session]
+    command += ["--home", str(home)] if home is not None else []
+    command += ["--key", str(key)] if key is not None else []
+    resume = shlex.join(command)
+    try:
+        stopped = stopped_at(read_bodies(home_store(h.root), session, opener))
+    except (Exception, KeyboardInterrupt):
+        stopped = None
+    if stopped is None:
+        return (
+            f"interrupted: session {session}: the record shows no unfinished turn; "
+            f"if one began, run: {resume}"
+        )
+    turn, where = stopped
+    return f"interrupted: turn {turn} of session {session} stopped {where}; run: {resume}"
 
 
 def _print_result(doc: dict[str, Any], as_json: bool) -> None:

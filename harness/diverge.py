@@ -22,6 +22,9 @@ page that cannot be delivered is itself a problem (exit 1), reported on stderr. 
 carries stream ids, turn and step numbers, record seqs and a short description, never a
 body's content (bodies stay sealed).
 
+With ``--reconstruct-only`` only step 1 runs: it reads the home's store (``appliance.json``
+names it while ``up`` runs, else ``record.db`` in the home) and needs no running appliance.
+
 Exit codes: 0 fine, 1 a problem was found, 2 usage error, 3 something it needs is missing
 (no appliance, store, key file or control socket).
 """
@@ -41,7 +44,15 @@ from typing import Annotated, Any
 import typer
 
 from harness.state import Home, HomeMissing
-from record.cli import EXIT_MISSING, EXIT_OK, EXIT_PROBLEM, UsageError, report_error
+from record.cli import (
+    EXIT_MISSING,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    UsageError,
+    counted,
+    home_store,
+    report_error,
+)
 from record.schema import Strict
 from record.seal import KeyPair
 
@@ -263,6 +274,8 @@ class TurnCheck:
             rec = f"reconstruct FAILED (step {d.get('step')}, seq {d.get('seq')}: {d.get('what')})"
         if self.reexecute_error is not None:
             rex = f"re-execute ERROR ({self.reexecute_error})"
+        elif self.reexecute is None:
+            rex = "re-execute not run (--reconstruct-only)"
         else:
             same, steps = self.steps_identical()
             identical = self.reexecute is not None and self.reexecute["identical"]
@@ -317,9 +330,11 @@ def check_turn(
     key: KeyPair,
     *,
     progress: Progress | None = None,
+    reexecute: bool = True,
 ) -> TurnCheck:
-    """Reconstruct then re-execute one turn. An error inside either is caught and reported
-    in the check (a failure); ``HomeMissing`` (the appliance went away) propagates."""
+    """Reconstruct then re-execute one turn (``reexecute=False``: reconstruct only, which
+    needs no appliance). An error inside either is caught and reported in the check (a
+    failure); ``HomeMissing`` (the appliance went away) propagates."""
     from harness.reconstruct import reconstruct_turn
     from harness.reexecute import pins_before, reexecute_turn
     from harness.session import read_bodies
@@ -348,6 +363,9 @@ def check_turn(
                 "seq": d.seq if d else None,
                 "what": d.what if d else "the reconstruction did not finish",
             }
+    if not reexecute:
+        check.seconds = time.monotonic() - started
+        return check
     say("re-executing" + ("" if check.strict_cache else " (information only)"))
     try:
         rerun = reexecute_turn(home, ref.stream, ref.turn, key=key)
@@ -467,20 +485,26 @@ class DivergenceRun:
     def summary(self) -> str:
         cap = "no maximum" if self.max_divergence is None else f"maximum {self.max_divergence}"
         info = len(self.checks) - self.strict_turns
+        reexecuted = any(c.reexecute is not None or c.reexecute_error for c in self.checks)
         text = (
             f"{len(self.checks)} turn{'' if len(self.checks) == 1 else 's'} checked: "
             f"{self.reconstruct_failures} reconstruction failure"
             f"{'' if self.reconstruct_failures == 1 else 's'}, "
-            f"{self.divergent} of {self.strict_turns} strict-cache re-execution"
-            f"{'' if self.strict_turns == 1 else 's'} divergent ({cap}), "
-            f"{info} information only"
+            + (
+                f"{self.divergent} of {self.strict_turns} strict-cache re-execution"
+                f"{'' if self.strict_turns == 1 else 's'} divergent ({cap}), "
+                f"{info} information only"
+                if reexecuted or not self.checks
+                else "re-execution not run (--reconstruct-only)"
+            )
         )
         if self.reexecute_errors:
-            text += f", {self.reexecute_errors} re-execution error(s)"
+            text += f", {counted(self.reexecute_errors, 're-execution error')}"
         if self.selection.skipped:
-            text += f"; {len(self.selection.skipped)} stream(s) not sealed to this key skipped"
+            skipped = counted(len(self.selection.skipped), "stream")
+            text += f"; {skipped} not sealed to this key skipped"
         if self.selection.unreadable:
-            text += f"; {len(self.selection.unreadable)} stream(s) could not be read"
+            text += f"; {counted(len(self.selection.unreadable), 'stream')} could not be read"
         return text + (": ok" if self.ok else ": PROBLEM")
 
     def json(self) -> dict[str, Any]:
@@ -515,11 +539,13 @@ def run_divergence(
     last: int | None = None,
     max_divergence: int | None = None,
     progress: Progress | None = None,
+    reexecute: bool = True,
 ) -> DivergenceRun:
-    """Select turns from the running appliance's store and check each one."""
+    """Select turns from the home's store and check each one (``reexecute=False``: the
+    reconstruction pass only, which reads the store with no appliance running)."""
     say = progress or (lambda _: None)
-    appliance = home.appliance()
-    selection = select_turns(appliance.store, key, since=since, last=last)
+    store = home_store(home.root)
+    selection = select_turns(store, key, since=since, last=last)
     for stream, why in selection.skipped:
         say(f"skipping stream {stream}: {why}")
     for stream, what in selection.unreadable:
@@ -532,7 +558,7 @@ def run_divergence(
         def step_note(what: str, prefix: str = prefix) -> None:
             say(f"{prefix}: {what}")
 
-        check = check_turn(home, appliance.store, ref, key, progress=step_note)
+        check = check_turn(home, store, ref, key, progress=step_note, reexecute=reexecute)
         say(f"{prefix}: done in {check.seconds:.1f} s")
         checks.append(check)
     return DivergenceRun(checks, max_divergence, selection)
@@ -556,9 +582,9 @@ def page(run: DivergenceRun, host: str | None = None) -> dict[str, Any]:
     if run.divergence_exceeded:
         reasons.append(f"{run.divergent} divergent turns (maximum {run.max_divergence})")
     if run.reexecute_errors:
-        reasons.append(f"{run.reexecute_errors} re-execution error(s)")
+        reasons.append(counted(run.reexecute_errors, "re-execution error"))
     if run.selection.unreadable:
-        reasons.append(f"{len(run.selection.unreadable)} unreadable stream(s)")
+        reasons.append(counted(len(run.selection.unreadable), "unreadable stream"))
     title = f"affidavit diverge on {host}: " + ", ".join(reasons or ["a problem"])
     lines = [
         f"{f.stream} turn {f.turn}, step {f.step}, seq {f.seq}: {f.what[:MAX_WHAT]}"
@@ -616,6 +642,7 @@ def diverge(
     max_divergence: int | None = None,
     home: Path | None = None,
     key: Path | None = None,
+    reconstruct_only: bool = False,
     out: Any = None,
     err: Any = None,
 ) -> int:
@@ -627,7 +654,16 @@ def diverge(
     since_at = parse_since(since) if since is not None else None
     _check_webhook(webhook)
     state = Home.at(home)
-    state.appliance()  # before the key: a missing appliance must not make a user.key
+    if reconstruct_only:  # the record alone: a missing store must not make a user.key
+        if not home_store(state.root).is_file():
+            raise HomeMissing(f"record store {home_store(state.root)} does not exist")
+    else:
+        try:
+            state.appliance()  # before the key: a missing appliance must not make a user.key
+        except HomeMissing as exc:
+            raise HomeMissing(
+                f"{exc}; or check the record alone with `affidavit diverge --reconstruct-only`"
+            ) from None
     opener = _read_key(state, key)
 
     def progress(line: str) -> None:
@@ -640,6 +676,7 @@ def diverge(
         last=last,
         max_divergence=max_divergence,
         progress=progress,
+        reexecute=not reconstruct_only,
     )
     if run.problem and webhook is not None:
         try:
@@ -693,6 +730,13 @@ def _command(
         Path | None,
         typer.Option(help="the key that opens the record (default: the state folder's user.key)"),
     ] = None,
+    reconstruct_only: Annotated[
+        bool,
+        typer.Option(
+            "--reconstruct-only",
+            help="only the reconstruction pass: reads the home's store, needs no running appliance",
+        ),
+    ] = False,
 ) -> None:
     """Reconstruct and re-execute recent turns; page a person when one fails."""
     code = _run(
@@ -704,6 +748,7 @@ def _command(
             max_divergence=max_divergence,
             home=home,
             key=key,
+            reconstruct_only=reconstruct_only,
         )
     )
     if code != EXIT_OK:

@@ -60,7 +60,7 @@ from record.schema import (
 )
 from record.seal import KeyPair
 
-__all__ = ["NotWaiting", "ResumeOutcome", "decide", "resume_session"]
+__all__ = ["NotWaiting", "ResumeOutcome", "decide", "resume_session", "stopped_at"]
 
 Decision = Literal["retry", "skip", "abort"]
 
@@ -223,6 +223,36 @@ def _committed_only(bodies: list[tuple[int, Strict]]) -> list[tuple[int, Strict]
         for s, b in bodies
         if s not in dropped and not (isinstance(b, ModelResponse) and b.request_seq in dropped)
     ]
+
+
+def stopped_at(bodies: list[tuple[int, Strict]]) -> tuple[int, str] | None:
+    """The last turn, if it did not end, and where it stopped as the record tells it
+    (``after step 0 (model reply committed, nothing after it)``); printed after Ctrl-C."""
+    states = turn_states(bodies)
+    if not states or states[-1].ended is not None:
+        return None
+    turn = states[-1]
+    step, where = -1, "before its first model call"
+    names: dict[int, str] = {}
+    for seq, body in bodies:
+        if seq <= turn.started_seq:
+            continue
+        if isinstance(body, ModelRequest):
+            step += 1
+            where = f"at step {step} (model request sent, reply not recorded)"
+        elif isinstance(body, ModelResponse):
+            where = f"after step {step} (model reply {body.outcome.lower()}, nothing after it)"
+        elif isinstance(body, ToolCall):
+            names[seq] = body.tool
+            where = f"at step {step} (tool call {body.tool} made, result not recorded)"
+        elif isinstance(body, ToolResult):
+            tool = names.get(body.call_seq, "a tool")
+            where = f"after step {step} (tool call {tool} {body.outcome.lower()})"
+        elif isinstance(body, FetchRequest):
+            where = f"at step {step} (web fetch sent, answer not recorded)"
+        elif isinstance(body, FetchResponse):
+            where = f"after step {step} (web fetch {body.outcome.lower()})"
+    return turn.turn, where
 
 
 def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | None = None) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,19 @@ from pydantic import JsonValue
 from egress_proxy.fetch import SEARCH_LABEL
 from harness.agent import Agent, TurnPolicy, TurnResult
 from harness.model_api import model_api
-from harness.state import Appliance, Home, HomeMissing, SessionState
+from harness.state import (
+    Appliance,
+    ApplianceGone,
+    Home,
+    HomeMissing,
+    KeyFileInvalid,
+    SessionState,
+    SessionUnknown,
+    TurnUnknown,
+)
 from harness.tools import ProxyToolbox, ToolSpec
 from record.digest import Domain, digest
+from record.errors import CannotOpen
 from record.schema import (
     FetchRequest,
     FetchResponse,
@@ -48,9 +59,11 @@ __all__ = [
     "LABEL_SEARCH",
     "TurnState",
     "append_event",
+    "has_stream",
     "history",
     "open_session",
     "read_bodies",
+    "require_turn",
     "run_turn",
     "turn_states",
     "user_key",
@@ -69,21 +82,45 @@ def user_key(home: Home, path: Path | str | None = None, *, create: bool = False
     if path is not None:
         if not Path(path).is_file():
             raise HomeMissing(f"key file {path} does not exist")
-        return KeyPair.read(Path(path))
+        return _read_key(Path(path))
     if not home.user_key_file.is_file():
         if not create:
             raise HomeMissing(f"no key: {home.user_key_file} does not exist (give --key FILE)")
         home.root.mkdir(parents=True, exist_ok=True)
         KeyPair.generate().write(home.user_key_file)
-    return KeyPair.read(home.user_key_file)
+    return _read_key(home.user_key_file)
 
 
-def control(appliance: Appliance) -> Any:
+def _read_key(path: Path) -> KeyPair:
+    try:
+        return KeyPair.read(path)
+    except ValueError as exc:  # not a key, or readable by others
+        raise KeyFileInvalid(f"{exc} (give a key file `affidavit keys new` wrote)") from None
+
+
+@contextmanager
+def control(appliance: Appliance) -> Iterator[Any]:
+    """The appliance's control plane; ``ApplianceGone`` when its socket does not answer (the
+    ``up`` that wrote ``appliance.json`` is gone), never gRPC's own traceback."""
+    import grpc
+
     from egress_proxy.control import ControlClient
 
     if not Path(appliance.control_socket).exists():
-        raise HomeMissing(f"the proxy's control socket {appliance.control_socket} is not there")
-    return ControlClient(appliance.control_socket)
+        raise ApplianceGone(
+            f"the proxy's control socket {appliance.control_socket} is not there: run `affidavit up`"
+        )
+    with ControlClient(appliance.control_socket) as client:
+        try:
+            yield client
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            by = f" (pid {appliance.pid})" if appliance.pid is not None else ""
+            raise ApplianceGone(
+                f"the appliance{by} does not answer on {appliance.control_socket}: "
+                "run `affidavit up`"
+            ) from None
 
 
 def open_session(
@@ -137,7 +174,37 @@ def read_bodies(store: Path | str, stream: str, key: KeyPair) -> list[tuple[int,
 
     if not Path(store).is_file():
         raise HomeMissing(f"record store {store} does not exist")
-    return read_stream(store, stream, key)
+    try:
+        return read_stream(store, stream, key)
+    except CannotOpen:
+        if not has_stream(store, stream):  # a mistyped id, not a stream sealed to others
+            raise SessionUnknown(f"no session {stream!r} in the record {store}") from None
+        raise
+
+
+def has_stream(store: Path | str, stream: str) -> bool:
+    """Whether the store holds any entry of ``stream`` (to tell a mistyped id from a stream
+    sealed to other keys)."""
+    from record.sqlite_store import SQLiteStore
+
+    opened = SQLiteStore(store, readonly=True)
+    try:
+        return opened.size(stream) > 0
+    finally:
+        opened.close()
+
+
+def require_turn(bodies: Sequence[tuple[int, Strict]], stream: str, turn: int) -> None:
+    """``TurnUnknown`` unless the stream holds turn ``turn`` (the line says what it has)."""
+    turns = [t.turn for t in turn_states(bodies)]
+    if turn in turns:
+        return
+    if not turns:
+        raise TurnUnknown(
+            f"session {stream!r} has no turns: if a client drove it, its recorded calls "
+            f"replay with `affidavit replay {stream} --calls`"
+        )
+    raise TurnUnknown(f"session {stream!r} has no turn {turn} (its turns: {turns[0]}..{turns[-1]})")
 
 
 def labels_of(bodies: Sequence[tuple[int, Strict]]) -> dict[str, str]:

@@ -3,32 +3,89 @@
 Layout (``$AFFIDAVIT_HOME``, else ``.affidavit`` in the working directory)::
 
     appliance.json            written by ``affidavit up``: proxy URL, control socket, store, model
+    up.lock                   held (``flock``) by the running ``affidavit up``; holds its pid
     user.key                  the user's X25519 key (0600): a recipient of every session
     sessions/<id>.json        one per session: token, base URL, pins, turns, status
     checkpoints/<id>/<n>.note every checkpoint an annotation handed back (tree size ``n``)
 
 Files are written whole to a temporary name and renamed, so a crash never leaves half a file.
 A session's token is a secret: session files are 0600, like the key.
+
+One ``affidavit up`` per home: it holds ``up.lock`` with an advisory ``flock`` for its whole
+life, and the kernel lets go of it when the process dies, SIGKILL included, so a pid that was
+reused can never make a dead appliance look alive. ``appliance.json`` beside a free lock was
+left by a stopped ``up``: :meth:`Home.appliance` says so instead of handing out a dead socket.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-__all__ = ["Appliance", "Home", "HomeMissing", "SessionState", "default_home"]
+__all__ = [
+    "Appliance",
+    "ApplianceGone",
+    "Home",
+    "HomeError",
+    "HomeInUse",
+    "HomeLock",
+    "HomeMissing",
+    "KeyFileInvalid",
+    "SessionState",
+    "SessionUnknown",
+    "TurnUnknown",
+    "default_home",
+]
 
 SessionStatus = Literal["idle", "running", "needs_decision", "stopped"]
 
 
-class HomeMissing(Exception):
+class HomeError(Exception):
+    """An expected condition of the state folder: one line for people, and its exit code."""
+
+    exit_code = 1
+    prefix = "error"
+
+
+class HomeMissing(HomeError):
     """Something the command needs is not in the state folder (exit 3)."""
+
+    exit_code = 3
+    prefix = "missing"
+
+
+class ApplianceGone(HomeMissing):
+    """``appliance.json`` names an appliance that is not running (its ``up`` stopped or was
+    killed), or its control socket does not answer."""
+
+
+class SessionUnknown(HomeMissing):
+    """No such session in the state folder or the record (a mistyped id: never tampering)."""
+
+
+class TurnUnknown(HomeMissing):
+    """The session has no such turn."""
+
+
+class KeyFileInvalid(HomeError):
+    """A key file that is there but is not a usable key (exit 2: the file given is wrong)."""
+
+    exit_code = 2
+
+
+class HomeInUse(HomeError):
+    """Another ``affidavit up`` holds the state folder (exit 2: choose another ``--home``)."""
+
+    exit_code = 2
 
 
 class Appliance(BaseModel):
@@ -99,13 +156,40 @@ class Home:
     def appliance_file(self) -> Path:
         return self.root / "appliance.json"
 
+    @property
+    def lock_file(self) -> Path:
+        return self.root / "up.lock"
+
     def appliance(self) -> Appliance:
+        """The running appliance; ``ApplianceGone`` when its ``up`` has stopped (the lock is
+        free) although ``appliance.json`` is still there."""
         if not self.appliance_file.is_file():
             raise HomeMissing(
-                f"no appliance is running for {self.root}: start one with `affidavit up`"
+                f"no appliance is running on {self.root}: start one with `affidavit up`"
                 f" (looked for {self.appliance_file})"
             )
-        return Appliance.model_validate_json(self.appliance_file.read_bytes())
+        appliance = self.recorded_appliance()
+        if appliance is None:
+            raise ApplianceGone(
+                f"{self.appliance_file} is not an appliance file: run `affidavit up`"
+            )
+        if self.lock_file.is_file() and not HomeLock.held(self.lock_file):
+            raise ApplianceGone(self._stopped_line(appliance.pid))
+        return appliance
+
+    def recorded_appliance(self) -> Appliance | None:
+        """What ``appliance.json`` says, running or not (None: no file, or not one)."""
+        try:
+            return Appliance.model_validate_json(self.appliance_file.read_bytes())
+        except (OSError, ValueError):
+            return None
+
+    def _stopped_line(self, pid: int | None) -> str:
+        by = f", pid {pid}" if pid is not None else ""
+        return (
+            f"no appliance is running on {self.root} (left by a stopped `affidavit up`{by}):"
+            " run `affidavit up`"
+        )
 
     def write_appliance(self, appliance: Appliance) -> None:
         write_atomic(self.appliance_file, appliance.model_dump_json(indent=2).encode(), 0o644)
@@ -124,7 +208,7 @@ class Home:
     def session(self, session_id: str) -> SessionState:
         path = self.session_file(session_id)
         if not path.is_file():
-            raise HomeMissing(f"no session {session_id} in {self.root} (no {path})")
+            raise SessionUnknown(f"no session {session_id!r} in {self.root} (no {path})")
         return SessionState(**json.loads(path.read_bytes()))
 
     def save_session(self, state: SessionState) -> None:
@@ -155,3 +239,73 @@ class Home:
         if not folder.is_dir():
             return []
         return sorted(folder.glob("*.note"), key=lambda p: int(p.stem))
+
+
+_TAKE_ATTEMPTS = 10
+
+
+@dataclass
+class HomeLock:
+    """``up.lock``, held with ``flock`` by the one ``affidavit up`` of a home for its life.
+
+    The lock is the truth about who runs, not a pid (pids get reused): the kernel drops it
+    when its holder dies however it dies. The file stays (unlinking a lock file races with
+    the next taker); it holds the holder's pid, for the refusal to name."""
+
+    path: Path
+    fd: int
+
+    @classmethod
+    def take(cls, home: Home) -> HomeLock:
+        """Hold ``home``; ``HomeInUse`` naming the running ``up``'s pid and URL otherwise."""
+        home.root.mkdir(parents=True, exist_ok=True)
+        path = home.lock_file
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        for attempt in range(_TAKE_ATTEMPTS):  # a reader's probe holds it for an instant
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                if attempt + 1 == _TAKE_ATTEMPTS:
+                    os.close(fd)
+                    raise HomeInUse(_in_use_line(home)) from None
+                time.sleep(0.02)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return cls(path, fd)
+
+    def release(self) -> None:
+        os.close(self.fd)  # closing the last descriptor drops the flock
+
+    @staticmethod
+    def held(path: Path) -> bool:
+        """Whether some process holds ``path`` now (a probe: taken and dropped at once)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return True
+            raise
+        finally:
+            os.close(fd)
+        return False
+
+
+def _in_use_line(home: Home) -> str:
+    try:
+        pid = home.lock_file.read_text().strip() or "unknown"
+    except OSError:
+        pid = "unknown"
+    recorded = home.recorded_appliance()
+    url = recorded.proxy_url if recorded is not None else "still starting"
+    return (
+        f"{home.root} is in use by `affidavit up` pid {pid} (proxy {url}):"
+        " stop it first, or give another --home"
+    )

@@ -7,7 +7,12 @@ egress proxy in front of it writing the record (data plane on 127.0.0.1, control
 Unix socket in the state folder), with the fetch endpoint on and any MCP servers the proxy
 config lists, and writes ``appliance.json`` so ``session``, ``turn``, ``replay`` and
 ``resume`` find it. It runs until interrupted, then stops everything it started and removes
-``appliance.json``. Tests and the demo use ``running_appliance`` directly.
+the ``appliance.json`` it wrote. Tests and the demo use ``running_appliance`` directly.
+
+One ``up`` per home: it holds the home's ``up.lock`` (``flock``) from before the engine loads
+until everything is stopped, so a second ``up`` is refused at once (exit 2, naming the
+running one's pid and URL). What a killed ``up`` left (``appliance.json``, ``control.sock``)
+is replaced by the next one, said in one line.
 
 The appliance key (a recipient of every stream, so resume and re-execute work unattended)
 is kept in the state folder here; inside the confidential VM it is born in the guest.
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.state import Appliance, Home, write_atomic
+from harness.state import Appliance, Home, HomeInUse, HomeLock, write_atomic
 
 if TYPE_CHECKING:
     from egress_proxy.server import ProxyServer
@@ -112,7 +117,8 @@ def running_appliance(
     proxy instead of the embedded engine, which then is not started. ``model`` names the
     provider's model, or the id the engine serves its model under (default: from
     :func:`engine_model`). ``fetch_allow``: networks the fetch endpoint may reach although its
-    rule refuses them (a loopback web: ``("127.0.0.1/32",)``; ``docs/proxy.md`` §10)."""
+    rule refuses them (a loopback web: ``("127.0.0.1/32",)``; ``docs/proxy.md`` §10).
+    ``HomeInUse`` when another appliance holds ``home`` (its ``up.lock``)."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -120,20 +126,22 @@ def running_appliance(
     from record.seal import KeyPair
 
     say = progress or (lambda _: None)
-    home.root.mkdir(parents=True, exist_ok=True)
-    if provider is None:
-        import torch
-
-        torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
-        model_path, served = engine_model(home, engine, say)
-        model = model or served
-    elif model is None:
+    if provider is not None and model is None:
         raise ValueError("a provider needs the model it serves")
-    key_file = home.root / "appliance.key"
-    if not key_file.is_file():
-        KeyPair.generate().write(key_file)
-    appliance_key = KeyPair.read(key_file)
     with ExitStack() as stack:
+        lock = HomeLock.take(home)  # first: a second `up` is refused before any work
+        stack.callback(lock.release)  # last out: the home is held until all is stopped
+        _clear_stale(home, say)
+        if provider is None:
+            import torch
+
+            torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
+            model_path, served = engine_model(home, engine, say)
+            model = model or served
+        key_file = home.root / "appliance.key"
+        if not key_file.is_file():
+            KeyPair.generate().write(key_file)
+        appliance_key = KeyPair.read(key_file)
         running, engine_url = None, None
         if provider is None:
             from inference.engine_token import new_token, write_token_file
@@ -208,8 +216,32 @@ def running_appliance(
             pid=os.getpid(),
         )
         home.write_appliance(appliance)
-        stack.callback(lambda: home.appliance_file.unlink(missing_ok=True))
+        stack.callback(_remove_if_ours, home.appliance_file, home.appliance_file.read_bytes())
         yield RunningAppliance(home, appliance, running, proxy, log)
+
+
+def _clear_stale(home: Home, say: Callable[[str], None]) -> None:
+    """With the lock held, an ``appliance.json`` or ``control.sock`` here was left by an
+    ``up`` that did not stop cleanly: replace it, saying so in one line. Sessions,
+    checkpoints, keys and the store are never touched: a restart keeps them all."""
+    left = [p for p in (home.appliance_file, home.root / "control.sock") if p.exists()]
+    if not left:
+        return
+    recorded = home.recorded_appliance()
+    by = f" (pid {recorded.pid})" if recorded is not None and recorded.pid is not None else ""
+    names = " and ".join(p.name for p in left)
+    say(f"replacing the {names} a stopped `affidavit up`{by} left in {home.root}")
+    for path in left:
+        path.unlink(missing_ok=True)
+
+
+def _remove_if_ours(path: Path, written: bytes) -> None:
+    """Remove ``path`` only if it still holds what this process wrote."""
+    try:
+        if path.read_bytes() == written:
+            path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _proxy_on_last_port(
@@ -319,6 +351,9 @@ def serve_forever(home: Home, **options: Any) -> int:
         return code
     except ConfigError as exc:  # the proxy's config (MCP servers included): 2, or 3 if missing
         print(f"affidavit: cannot start the proxy: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except HomeInUse as exc:  # another `up` holds this home: 2, naming its pid and URL
+        print(f"affidavit: error: {exc}", file=sys.stderr)
         return exc.exit_code
     print("affidavit stopped", flush=True)
     return 0

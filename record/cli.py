@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sqlite3
 import sys
 from collections.abc import Callable, Sequence
@@ -22,7 +23,7 @@ import typer
 
 from record.audit import UNSIGNED_TAIL, Problem, Report, verify_store
 from record.bundle import export_stream, verify_bundle
-from record.errors import RecordError, StoreMissing
+from record.errors import RecordError, StoreMissing, UnknownStream
 from record.redact import RedactionRules
 from record.seal import KeyPair
 from record.show import show_stream
@@ -33,6 +34,8 @@ __all__ = [
     "EXIT_PROBLEM",
     "EXIT_USAGE",
     "UsageError",
+    "counted",
+    "home_store",
     "register",
     "report_error",
     "run",
@@ -58,7 +61,7 @@ def report_error(exc: BaseException, where: object = None) -> int | None:
     if isinstance(exc, UsageError):
         print(f"affidavit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if isinstance(exc, StoreMissing):
+    if isinstance(exc, StoreMissing | UnknownStream):  # a mistyped stream id is missing, too
         print(f"affidavit: missing: {exc}", file=sys.stderr)
         return EXIT_MISSING
     if isinstance(exc, RecordError):
@@ -112,14 +115,56 @@ def _read_key(path: str | None) -> KeyPair | None:
         raise UsageError(str(exc)) from None
 
 
-def _read_kept(paths: Sequence[str]) -> list[bytes]:
-    kept = []
-    for name in paths:
-        path = Path(name)
-        if not path.is_file():
+def home_store(home: Path | None) -> Path:
+    """The record store of a state folder (default ``$AFFIDAVIT_HOME``, else ``.affidavit``):
+    the one its ``appliance.json`` names while ``affidavit up`` runs, else ``record.db`` in it,
+    where ``up`` keeps it; so reading the record needs no running appliance."""
+    root = home if home is not None else Path(os.environ.get("AFFIDAVIT_HOME") or ".affidavit")
+    try:
+        named = json.loads((root / "appliance.json").read_bytes())["store"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return root / "record.db"
+    return Path(named) if isinstance(named, str) else root / "record.db"
+
+
+def _store_of(store: str | None, home: Path | None) -> Path:
+    """``--store`` if given, else the home's store; missing: exit 3, naming where it looked."""
+    source = Path(store) if store is not None else home_store(home)
+    if not source.is_file():
+        hint = "" if store is not None else ": run `affidavit up` first, or pass --store"
+        raise StoreMissing(f"store {source} does not exist{hint}")
+    return source
+
+
+def counted(n: int, thing: str, things: str | None = None) -> str:
+    """``1 entry``, ``2 entries``: a count with its noun in the right number."""
+    return f"{n} {thing if n == 1 else things or thing + 's'}"
+
+
+def kept_checkpoint_files(values: Sequence[str]) -> list[Path]:
+    """The files ``--against`` names: each value a checkpoint file, a folder (every file
+    under it, such as a home's ``checkpoints/``) or a quoted glob (``'kept/*.note'``)."""
+    import glob
+
+    files: list[Path] = []
+    for value in values:
+        path = Path(value)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            if not found:
+                raise StoreMissing(f"checkpoint folder {path} holds no file")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        elif glob.has_magic(value) and (matched := sorted(glob.glob(value))):
+            files += [Path(m) for m in matched if Path(m).is_file()]
+        else:
             raise StoreMissing(f"checkpoint file {path} does not exist")
-        kept.append(path.read_bytes())
-    return kept
+    return files
+
+
+def _read_kept(values: Sequence[str]) -> list[bytes]:
+    return [path.read_bytes() for path in kept_checkpoint_files(values)]
 
 
 def _print_report(report: Report, path: Path, as_json: bool) -> None:
@@ -128,10 +173,14 @@ def _print_report(report: Report, path: Path, as_json: bool) -> None:
         return
     if report.ok:
         print(
-            f"ok: {path}: {report.entries} entries in {len(report.streams)} stream(s), no problem"
+            f"ok: {path}: {counted(report.entries, 'entry', 'entries')} in "
+            f"{counted(len(report.streams), 'stream')}, no problem"
         )
     else:
-        print(f"FAILED: {path}: {len(report.problems)} problem(s) in {report.entries} entries")
+        print(
+            f"FAILED: {path}: {counted(len(report.problems), 'problem')} in "
+            f"{counted(report.entries, 'entry', 'entries')}"
+        )
         for p in report.problems:
             where = f"{p.stream}/{p.seq}" if p.seq is not None else p.stream
             print(f"  {p.code:<24} {where:<28} {p.detail}")
@@ -140,13 +189,29 @@ def _print_report(report: Report, path: Path, as_json: bool) -> None:
         refused = {p.stream for p in report.problems if p.code == UNSIGNED_TAIL}
         for stream, count in sorted(report.unsigned.items()):
             if count and stream not in refused:
-                print(f"  allowed: {stream}: {count} entries no checkpoint covers (unsigned tail)")
+                print(
+                    f"  allowed: {stream}: {counted(count, 'entry', 'entries')} no checkpoint "
+                    "covers (unsigned tail)"
+                )
 
 
 # -- the commands --------------------------------------------------------------------------
 
 _Json = Annotated[bool, typer.Option("--json", help="print one JSON object")]
-_Store = Annotated[str, typer.Option("--store", metavar="STORE", help="the record store file")]
+_Store = Annotated[
+    str | None,
+    typer.Option(
+        "--store", metavar="STORE", help="the record store file (default: the home's store)"
+    ),
+]
+_Home = Annotated[
+    Path | None,
+    typer.Option(
+        "--home",
+        metavar="DIR",
+        help="the state folder whose store to read (default: $AFFIDAVIT_HOME or ./.affidavit)",
+    ),
+]
 _Stream = Annotated[str, typer.Argument(metavar="STREAM", help="the stream (session) id")]
 
 
@@ -170,7 +235,14 @@ def keys_new(
 
 @_command
 def log_verify(
-    path: Annotated[str, typer.Argument(metavar="PATH", help="store file or bundle directory")],
+    path: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[PATH]",
+            help="store file or bundle directory (default: the home's store)",
+            show_default=False,
+        ),
+    ] = None,
     key: Annotated[
         str | None,
         typer.Option(
@@ -180,8 +252,9 @@ def log_verify(
     against: Annotated[
         list[str] | None,
         typer.Option(
-            metavar="CHECKPOINT_FILE",
-            help="a checkpoint kept earlier: the log must still be consistent with it (repeatable)",
+            metavar="CHECKPOINT",
+            help="checkpoints kept earlier: a file, a folder (every file under it) or a quoted "
+            "glob; the log must still be consistent with each (repeatable)",
         ),
     ] = None,
     log_key: Annotated[
@@ -195,10 +268,11 @@ def log_verify(
             "for stores written before every commit was signed",
         ),
     ] = False,
+    home: _Home = None,
     as_json: _Json = False,
 ) -> int:
-    """Audit a store file or a bundle directory."""
-    target = Path(path)
+    """Audit a store file or a bundle directory (default: the home's store)."""
+    target = Path(path) if path is not None else _store_of(None, home)
     pair = _read_key(key)
     kept = _read_kept(against or [])
     if target.is_dir():
@@ -226,16 +300,15 @@ def log_verify(
 @_command
 def log_export(
     stream: _Stream,
-    store: _Store,
     out: Annotated[
         str, typer.Option(metavar="DIR", help="the bundle directory to write (absent or empty)")
     ],
+    store: _Store = None,
+    home: _Home = None,
     as_json: _Json = False,
 ) -> int:
     """Write a stream's auditor bundle."""
-    source = Path(store)
-    if not source.is_file():
-        raise StoreMissing(f"store {source} does not exist")
+    source = _store_of(store, home)
     try:
         index = export_stream(source, stream, out)
     except FileExistsError as exc:
@@ -245,9 +318,9 @@ def log_export(
         return EXIT_OK
     boot = index.get("boot", [])
     print(
-        f"exported {index['entries']} entries and {index['checkpoints']} checkpoint(s) "
-        f"of {stream} to {out}"
-        + (f", with {len(boot)} boot bundle(s): {', '.join(boot)}" if boot else "")
+        f"exported {counted(index['entries'], 'entry', 'entries')} and "
+        f"{counted(index['checkpoints'], 'checkpoint')} of {stream} to {out}"
+        + (f", with {counted(len(boot), 'boot bundle')}: {', '.join(boot)}" if boot else "")
     )
     return EXIT_OK
 
@@ -255,7 +328,8 @@ def log_export(
 @_command
 def log_show(
     stream: _Stream,
-    store: _Store,
+    store: _Store = None,
+    home: _Home = None,
     key: Annotated[
         str | None, typer.Option(metavar="KEY_FILE", help="a recipient private key to open bodies")
     ] = None,
@@ -268,9 +342,7 @@ def log_show(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object a line")] = False,
 ) -> int:
     """Print a stream's entries, redacted at read time."""
-    source = Path(store)
-    if not source.is_file():
-        raise StoreMissing(f"store {source} does not exist")
+    source = _store_of(store, home)
     try:
         rules = RedactionRules.parse(redact or "")
     except ValueError as exc:
@@ -282,17 +354,18 @@ def log_show(
 
 
 @_command
-def log_key(store: _Store, as_json: _Json = False) -> int:
+def log_key(store: _Store = None, home: _Home = None, as_json: _Json = False) -> int:
     """Print the log's checkpoint verifier key."""
     from record.sqlite_store import SQLiteStore
 
-    opened = SQLiteStore(store, readonly=True)
+    source = _store_of(store, home)
+    opened = SQLiteStore(source, readonly=True)
     try:
         vkey = opened.get_meta("log_key")
     finally:
         opened.close()
     if vkey is None:
-        print(f"store {store} has no log key yet", file=sys.stderr)
+        print(f"store {source} has no log key yet", file=sys.stderr)
         return EXIT_PROBLEM
     print(json.dumps({"log_key": vkey}) if as_json else vkey)
     return EXIT_OK
@@ -301,7 +374,8 @@ def log_key(store: _Store, as_json: _Json = False) -> int:
 @_command
 def log_checkpoint(
     stream: _Stream,
-    store: _Store,
+    store: _Store = None,
+    home: _Home = None,
     out: Annotated[
         str | None, typer.Option(metavar="FILE", help="also write the note to this file")
     ] = None,
@@ -310,9 +384,7 @@ def log_checkpoint(
     """Sign a checkpoint of a stream now."""
     from record.log import Log
 
-    source = Path(store)
-    if not source.is_file():
-        raise StoreMissing(f"store {source} does not exist")
+    source = _store_of(store, home)
     with Log.open(source) as log:
         cp = log.checkpoint(stream)
     if out:

@@ -306,5 +306,5 @@ def test_log_export_says_which_boot_bundles_it_wrote(
     args = ["log", "export", appliance.session, "--store", str(appliance.store), "--out", str(out)]
     assert main(args) == 0
     said = capsys.readouterr().out
-    assert said.rstrip().endswith(f"to {out}, with 1 boot bundle(s): {appliance.boot}")
+    assert said.rstrip().endswith(f"to {out}, with 1 boot bundle: {appliance.boot}")
     assert (out / BOOT / appliance.boot / INDEX).is_file()

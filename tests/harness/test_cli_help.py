@@ -64,6 +64,48 @@ def test_help_works_on_every_command(
     assert (command.help or "").split()[0] in out
 
 
+@pytest.mark.parametrize(
+    ("path", "command"), COMMANDS, ids=[" ".join(p) or "affidavit" for p in PATHS]
+)
+def test_help_shows_readable_metavars(
+    path: tuple[str, ...], command: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value's placeholder names what to give (``--pin PINS``), never typer's Python type
+    (``<list[str]>``, ``<dict[str, Any]>``)."""
+    assert main([*path, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "<list[" not in out and "<dict[" not in out, out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"affidavit {version('affidavit')}\n"
+    assert "--version" in (main(["--help"]), capsys.readouterr().out)[1]
+
+
+def test_counts_read_right() -> None:
+    from record.cli import counted
+
+    assert [counted(n, "entry", "entries") for n in (0, 1, 2)] == [
+        "0 entries",
+        "1 entry",
+        "2 entries",
+    ]
+    assert counted(1, "request") == "1 request" and counted(3, "request") == "3 requests"
+
+
+def test_log_verify_without_a_path_reads_the_home_s_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    assert main(["log", "verify", "--home", str(home)]) == 3
+    captured = capsys.readouterr()
+    assert f"store {home / 'record.db'} does not exist" in captured.err
+    assert captured.out == "" and not home.exists()
+
+
 def test_no_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "Usage: affidavit" in capsys.readouterr().err
@@ -81,7 +123,6 @@ def test_unknown_option_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     [
         ["frobnicate"],
         ["log", "frobnicate"],
-        ["log", "verify"],
         ["keys", "new"],
         ["engine", "serve", "--model", "m", "--port", "eighty"],
     ],
@@ -104,7 +145,7 @@ def test_log_verify_on_a_missing_path_exits_3(
 
 
 @pytest.mark.parametrize(
-    ("error", "code"), [(StoreMissing("no store"), 3), (UnknownStream("no stream"), 1)]
+    ("error", "code"), [(StoreMissing("no store"), 3), (UnknownStream("no stream"), 3)]
 )
 def test_a_record_error_from_any_command_is_its_exit_code(
     monkeypatch: pytest.MonkeyPatch,

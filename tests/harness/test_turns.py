@@ -220,7 +220,9 @@ def test_replay_cli_prints_verdicts_and_exits_by_them(
     assert "reply differs" in capsys.readouterr().out
     assert main(["replay", recorded.session, "0", "--home", home, "--reconstruct", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"] is True
-    assert main(["replay", recorded.session, "7", "--home", home, "--reconstruct"]) == 1
+    # a turn the record does not hold is missing (3), never a difference (1)
+    assert main(["replay", recorded.session, "7", "--home", home, "--reconstruct"]) == 3
+    assert "turn 7" in capsys.readouterr().err
 
 
 def test_session_new_cli_pins_default_draws_a_seed_once_and_records_it(

@@ -318,6 +318,7 @@ def test_against_a_kept_checkpoint(recorded: Recorded, write_turn: Any) -> None:
     ("args", "missing"),
     [
         (["log", "verify", "{dir}/nope.db"], "nope.db"),
+        (["log", "verify"], ".affidavit/record.db"),  # no PATH: the home's store
         (["log", "verify", "{dir}/record.db", "--key", "{dir}/nope.key"], "nope.key"),
         (["log", "verify", "{dir}/record.db", "--against", "{dir}/nope.note"], "nope.note"),
         (["log", "export", SESSION, "--store", "{dir}/nope.db", "--out", "{dir}/b"], "nope.db"),
@@ -353,7 +354,6 @@ def _listing(folder: Path) -> list[str]:
 @pytest.mark.parametrize(
     "args",
     [
-        ["log", "verify"],
         ["log", "verify", "{dir}/record.db", "--bogus"],
         ["log"],
         ["log", "frobnicate"],
@@ -478,7 +478,7 @@ def test_export_of_an_unknown_stream_writes_nothing(recorded: Recorded) -> None:
     result = affidavit(
         "log", "export", "no-such", "--store", recorded.store, "--out", bundle, cwd=recorded.dir
     )
-    assert result.returncode == 1
+    assert result.returncode == 3  # a mistyped stream is missing, not a problem found
     assert "no-such" in result.stderr
     assert not bundle.exists()
 
@@ -646,7 +646,7 @@ def test_register_adds_keys_and_log_to_any_typer_app() -> None:
     [
         (record_cli.UsageError("bad rules"), 2, "affidavit: error: bad rules"),
         (StoreMissing("gone"), 3, "affidavit: missing: gone"),
-        (UnknownStream("no such stream"), 1, "affidavit: unknown_stream: no such stream"),
+        (UnknownStream("no such stream"), 3, "affidavit: missing: no such stream"),
         (sqlite3.DatabaseError("file is not a database"), 1, "is not a readable record store"),
         (json.JSONDecodeError("Expecting value", "x", 0), 1, "affidavit: error: Expecting value"),
     ],
