@@ -15,7 +15,8 @@ never from the unverified tree. ``signxml``'s own chain check is not used: it ho
 the web PKI's rules (``cryptography``'s verifier), which NVIDIA's CoRIM root breaks (it
 encodes its 2053 expiry as GeneralizedTime). The chain is walked here instead, as for the
 GPU's device chain: each certificate signed by the next, every issuer a CA, all valid at the
-verification time, ending at NVIDIA's pinned CoRIM signing root.
+verification time, ending at NVIDIA's pinned CoRIM signing root. A caller may name another root
+(``trusted_root_spki``) for RIMs signed by a test chain; the command line never does.
 """
 
 from __future__ import annotations
@@ -200,7 +201,9 @@ def parse_rim(data: bytes, source: str) -> Rim:
     )
 
 
-def _chain(rim: Rim, now: datetime) -> tuple[x509.Certificate | None, str | None, str]:
+def _chain(
+    rim: Rim, now: datetime, trusted_root_spki: str
+) -> tuple[x509.Certificate | None, str | None, str]:
     """The signing leaf, what is wrong with its chain (None: nothing), and the path's names."""
     if not rim.certificates:
         return None, "KeyInfo carries no X509Certificate", ""
@@ -210,12 +213,14 @@ def _chain(rim: Rim, now: datetime) -> tuple[x509.Certificate | None, str | None
     if problem is not None:
         return leaf, problem, names
     top = path[-1]
-    if not _self_signed(top) or spki_sha256(top) != NVIDIA_RIM_ROOT_SPKI_SHA256:
+    if not _self_signed(top) or spki_sha256(top) != trusted_root_spki:
+        pinned = trusted_root_spki == NVIDIA_RIM_ROOT_SPKI_SHA256
         return (
             leaf,
             (
                 f"the chain ends at {_name(top)} (SPKI SHA-256 {spki_sha256(top)}), not at the "
-                f"pinned NVIDIA CoRIM signing Root CA ({NVIDIA_RIM_ROOT_SPKI_SHA256})"
+                + ("pinned NVIDIA CoRIM signing Root CA" if pinned else "trusted RIM root")
+                + f" ({trusted_root_spki})"
             ),
             names,
         )
@@ -229,12 +234,18 @@ def _chain(rim: Rim, now: datetime) -> tuple[x509.Certificate | None, str | None
     return leaf, None, names
 
 
-def verify_rim_signature(rim: Rim, now: datetime) -> RimSignature:
-    """Check ``rim``'s XML-DSig signature and its chain to NVIDIA's pinned RIM root at ``now``."""
+def verify_rim_signature(
+    rim: Rim, now: datetime, *, trusted_root_spki: str = NVIDIA_RIM_ROOT_SPKI_SHA256
+) -> RimSignature:
+    """Check ``rim``'s XML-DSig signature and its chain to NVIDIA's pinned RIM root at ``now``.
+
+    ``trusted_root_spki`` (the SHA-256, hex, of a root's SubjectPublicKeyInfo) replaces
+    NVIDIA's root for RIMs signed by a test chain.
+    """
     if now.tzinfo is None:
         raise ValueError("now: a time without a time zone")
     what = f"{rim.source} ({rim.kind} {rim.version})"
-    leaf, problem, names = _chain(rim, now)
+    leaf, problem, names = _chain(rim, now, trusted_root_spki)
     if leaf is None or problem is not None:
         return RimSignature(False, f"{what}: {names + ': ' if names else ''}{problem}", None)
     config = SignatureConfiguration(verification_time=now, expect_references=1)
@@ -254,10 +265,15 @@ def verify_rim_signature(rim: Rim, now: datetime) -> RimSignature:
         rim.source, signed.kind, signed.version, signed.product, signed.measurements,
         rim.certificates, rim.raw,
     )  # fmt: skip
+    root = (
+        "the pinned NVIDIA CoRIM signing root"
+        if trusted_root_spki == NVIDIA_RIM_ROOT_SPKI_SHA256
+        else "a trusted RIM root, not NVIDIA's"
+    )
     return RimSignature(
         True,
-        f"{what}: the enveloped XML-DSig signature verifies with {names} (the pinned NVIDIA "
-        f"CoRIM signing root), all valid at {now:%Y-%m-%dT%H:%M:%SZ}",
+        f"{what}: the enveloped XML-DSig signature verifies with {names} ({root}), "
+        f"all valid at {now:%Y-%m-%dT%H:%M:%SZ}",
         signed,
     )
 
@@ -306,11 +322,13 @@ def check_rims(
     vbios_version: str | None,
     nvdec0_status: bytes | None,
     now: datetime,
+    trusted_root_spki: str = NVIDIA_RIM_ROOT_SPKI_SHA256,
 ) -> None:
     """Add ``rim.signature``, ``rim.driver``, ``rim.vbios`` (and ``rim.indexes`` with both).
 
     ``measurements`` maps SPDM block index to value, as the evidence reports them. At most one
     RIM of each kind (``ValueError`` otherwise); a kind with no RIM is "not checked".
+    ``trusted_root_spki``: as ``verify_rim_signature``'s.
     """
     by_kind: dict[str, Rim] = {}
     for rim in rims:
@@ -319,7 +337,10 @@ def check_rims(
                 f"two {rim.kind} RIMs given: {by_kind[rim.kind].source} and {rim.source}"
             )
         by_kind[rim.kind] = rim
-    results = {kind: verify_rim_signature(rim, now) for kind, rim in by_kind.items()}
+    results = {
+        kind: verify_rim_signature(rim, now, trusted_root_spki=trusted_root_spki)
+        for kind, rim in by_kind.items()
+    }
     verdict.add(
         "rim.signature",
         all(r.ok for r in results.values()),
