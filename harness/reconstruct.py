@@ -97,7 +97,7 @@ class _PipelineTransport(httpx2.BaseTransport):
         self.served: list[tuple[int, str]] = []  # (recorded request seq, content key)
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
-        from egress_proxy.errors import ReplayMiss
+        from egress_proxy.errors import ReplayMiss, UpstreamCut, UpstreamError
 
         body = request.read()
         try:
@@ -107,6 +107,12 @@ class _PipelineTransport(httpx2.BaseTransport):
             return httpx2.Response(
                 409, content=exc.body(), headers={"content-type": "application/json"}
             )
+        except UpstreamCut as exc:  # the recorded reply stopped here: the client's stream broke
+            served = self.pipeline.transport.last  # the request matched its recorded twin
+            self.served.append((served.seq, served.digest))
+            raise httpx2.ReadError(str(exc), request=request) from None
+        except UpstreamError as exc:  # no reply was recorded: the client's call never got one
+            raise httpx2.ConnectError(str(exc), request=request) from None
         served = self.pipeline.transport.last
         self.served.append((served.seq, served.digest))
         headers = {"content-type": "text/event-stream" if reply.is_sse else "application/json"}
