@@ -35,13 +35,22 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
-from cryptography.x509.oid import ExtensionOID, NameOID
+from cryptography.x509.oid import ExtensionOID
 
 from attestation.certs import load_certs, spki_sha256
+from attestation.nvidia_chain import (
+    TCG_DICE_FWID_OID,
+    build_chain,
+    cert_name,
+    extension,
+    is_ca,
+    pick_leaf,
+    self_signed,
+)
 from attestation.verdict import Verdict
 
 if TYPE_CHECKING:
@@ -71,7 +80,6 @@ __all__ = [
 NVIDIA_DEVICE_ROOT_SPKI_SHA256 = "a90c4eb5acfd3e3d03a25db6a26b84f720ad0503196c627c21ddd48dd85b06a4"
 
 #: The TCG DICE TcbInfo extension; its last 48 bytes are the firmware's SHA-384 FWID.
-TCG_DICE_FWID_OID = x509.ObjectIdentifier("2.23.133.5.4.1")
 
 REQUEST_LENGTH = 37
 SIGNATURE_LENGTH = 96
@@ -414,93 +422,8 @@ def _facts(evidence: NvidiaEvidence) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the checks
 
 
-def _name(cert: x509.Certificate) -> str:
-    cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return str(cns[0].value) if cns else cert.subject.rfc4514_string()
-
-
-def _ext(cert: x509.Certificate, oid: x509.ObjectIdentifier) -> x509.Extension[Any] | None:
-    try:
-        return cert.extensions.get_extension_for_oid(oid)
-    except x509.ExtensionNotFound:
-        return None
-
-
-def _is_ca(cert: x509.Certificate) -> bool:
-    bc = _ext(cert, ExtensionOID.BASIC_CONSTRAINTS)
-    return bc is not None and isinstance(bc.value, x509.BasicConstraints) and bc.value.ca
-
-
-def _self_signed(cert: x509.Certificate) -> bool:
-    return cert.subject == cert.issuer
-
-
-def _pick_leaf(certs: list[x509.Certificate]) -> x509.Certificate:
-    """The certificate no other one names as its issuer (preferring one with a FWID)."""
-    candidates = [
-        c for c in certs if not any(o is not c and o.issuer == c.subject for o in certs)
-    ] or certs
-    with_fwid = [c for c in candidates if _ext(c, TCG_DICE_FWID_OID) is not None]
-    return (with_fwid or candidates)[0]
-
-
-def _issued(child: x509.Certificate, issuer: x509.Certificate) -> str | None:
-    """None if ``issuer`` signed ``child``; else why not."""
-    try:
-        child.verify_directly_issued_by(issuer)
-    except InvalidSignature:
-        return f"the signature on {_name(child)} does not verify with {_name(issuer)}'s key"
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        return f"{_name(child)} cannot be checked against {_name(issuer)}: {exc}"
-    return None
-
-
-def _ca_ok(issuer: x509.Certificate, below: int) -> str | None:
-    """None if ``issuer`` may sign certificates ``below`` intermediate CAs above a leaf."""
-    bc = _ext(issuer, ExtensionOID.BASIC_CONSTRAINTS)
-    if bc is None or not isinstance(bc.value, x509.BasicConstraints) or not bc.value.ca:
-        return f"{_name(issuer)} signs certificates but is not a CA (basicConstraints)"
-    if bc.value.path_length is not None and below > bc.value.path_length:
-        return f"{_name(issuer)}'s path length {bc.value.path_length} is exceeded ({below})"
-    ku = _ext(issuer, ExtensionOID.KEY_USAGE)
-    if ku is not None and isinstance(ku.value, x509.KeyUsage) and not ku.value.key_cert_sign:
-        return f"{_name(issuer)}'s key usage does not allow signing certificates"
-    return None
-
-
-def _build_chain(
-    leaf: x509.Certificate, pool: list[x509.Certificate], extra_root: x509.Certificate | None
-) -> tuple[list[x509.Certificate], str | None]:
-    """leaf → … → a self-signed root; returns the path and, if it breaks, why."""
-    path = [leaf]
-    candidates = [*pool, *([extra_root] if extra_root is not None else [])]
-    while True:
-        current = path[-1]
-        if _self_signed(current):
-            problem = _issued(current, current)
-            return path, (f"the root {_name(current)}: {problem}" if problem else None)
-        # each step adds a certificate not yet in the path, so the walk ends
-        named = [c for c in candidates if c.subject == current.issuer]
-        if not named:
-            return path, (
-                f"no certificate given issued {_name(current)}: its issuer "
-                f"{current.issuer.rfc4514_string()} is missing"
-            )
-        named = [c for c in named if c not in path]
-        if not named:
-            return path, f"the chain loops: {_name(current)}'s issuer is already in it"
-        problems = [(c, _issued(current, c)) for c in named]
-        issuer = next((c for c, p in problems if p is None), None)
-        if issuer is None:
-            return path, "; ".join(p for _, p in problems if p)
-        ca_problem = _ca_ok(issuer, len(path) - 1)
-        path.append(issuer)
-        if ca_problem:
-            return path, ca_problem
-
-
 def _fwid_from_cert(cert: x509.Certificate) -> bytes | None:
-    ext = _ext(cert, TCG_DICE_FWID_OID)
+    ext = extension(cert, TCG_DICE_FWID_OID)
     if ext is None or not isinstance(ext.value, x509.UnrecognizedExtension):
         return None
     value = ext.value.value
@@ -514,7 +437,7 @@ def _check_signature(verdict: Verdict, ev: NvidiaEvidence, leaf: x509.Certificat
         return
     key = leaf.public_key()
     if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp384r1":
-        verdict.add(name, False, f"the leaf {_name(leaf)} has no ECDSA P-384 key")
+        verdict.add(name, False, f"the leaf {cert_name(leaf)} has no ECDSA P-384 key")
         return
     sig = ev.response.signature
     r = int.from_bytes(sig[:48], "big")
@@ -526,14 +449,14 @@ def _check_signature(verdict: Verdict, ev: NvidiaEvidence, leaf: x509.Certificat
             name,
             False,
             f"the ECDSA P-384/SHA-384 signature over the request and response "
-            f"({len(ev.signed_bytes)} bytes) does not verify with {_name(leaf)}'s key",
+            f"({len(ev.signed_bytes)} bytes) does not verify with {cert_name(leaf)}'s key",
         )
         return
     verdict.add(
         name,
         True,
         f"ECDSA P-384/SHA-384 over request || response ({len(ev.signed_bytes)} bytes) "
-        f"verifies with {_name(leaf)}'s key",
+        f"verifies with {cert_name(leaf)}'s key",
     )
 
 
@@ -558,19 +481,19 @@ def _check_chain(
             extra_root = load_certs(trusted_root)[0]
         except ValueError as exc:
             raise ValueError(f"trusted_root: not a certificate: {exc}") from None
-        pin, pin_source = spki_sha256(extra_root), f"the given trusted root {_name(extra_root)}"
+        pin, pin_source = spki_sha256(extra_root), f"the given trusted root {cert_name(extra_root)}"
     else:
         pin, pin_source = NVIDIA_DEVICE_ROOT_SPKI_SHA256, "the pinned NVIDIA Device Identity CA"
 
-    leaf = _pick_leaf(pool)
-    path, problem = _build_chain(leaf, pool, extra_root)
-    names = " → ".join(_name(c) for c in path)
+    leaf = pick_leaf(pool)
+    path, problem = build_chain(leaf, pool, extra_root)
+    names = " → ".join(cert_name(c) for c in path)
     verdict.facts["chain"] = [c.subject.rfc4514_string() for c in path]
     unused = [c for c in pool if c not in path]
     if unused:
         verdict.facts["unused_certificates"] = [c.subject.rfc4514_string() for c in unused]
     if problem is None and len(path) < 2:
-        problem = f"only the root {_name(leaf)} was given: no device certificate"
+        problem = f"only the root {cert_name(leaf)} was given: no device certificate"
     verdict.add(
         "chain",
         problem is None,
@@ -580,36 +503,38 @@ def _check_chain(
     )
 
     top = path[-1]
-    if not _self_signed(top):
-        verdict.add("chain.root_pinned", False, f"the chain stops at {_name(top)}, not at a root")
+    if not self_signed(top):
+        verdict.add(
+            "chain.root_pinned", False, f"the chain stops at {cert_name(top)}, not at a root"
+        )
     else:
         found = spki_sha256(top)
         verdict.add(
             "chain.root_pinned",
             found == pin,
-            f"the root {_name(top)} is {pin_source} (SPKI SHA-256 {found})"
+            f"the root {cert_name(top)} is {pin_source} (SPKI SHA-256 {found})"
             if found == pin
-            else f"the root {_name(top)} (SPKI SHA-256 {found}) is not {pin_source} ({pin})",
+            else f"the root {cert_name(top)} (SPKI SHA-256 {found}) is not {pin_source} ({pin})",
         )
 
     leaf_problems: list[str] = []
-    if _is_ca(leaf):
+    if is_ca(leaf):
         leaf_problems.append("is a CA certificate, not the device's end-entity (FMC) certificate")
-    if _ext(leaf, TCG_DICE_FWID_OID) is None:
+    if extension(leaf, TCG_DICE_FWID_OID) is None:
         leaf_problems.append(f"has no TCG DICE FWID extension ({TCG_DICE_FWID_OID.dotted_string})")
-    ku = _ext(leaf, ExtensionOID.KEY_USAGE)
+    ku = extension(leaf, ExtensionOID.KEY_USAGE)
     if ku is not None and isinstance(ku.value, x509.KeyUsage) and not ku.value.digital_signature:
         leaf_problems.append("may not sign (key usage)")
     verdict.add(
         "chain.leaf",
         not leaf_problems,
-        f"the leaf {_name(leaf)} is an end-entity certificate with a FWID extension"
+        f"the leaf {cert_name(leaf)} is an end-entity certificate with a FWID extension"
         if not leaf_problems
-        else f"the leaf {_name(leaf)} " + "; ".join(leaf_problems),
+        else f"the leaf {cert_name(leaf)} " + "; ".join(leaf_problems),
     )
 
     expired = [
-        f"{_name(c)} (valid {c.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ} to "
+        f"{cert_name(c)} (valid {c.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ} to "
         f"{c.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ})"
         for c in path
         if not c.not_valid_before_utc <= now <= c.not_valid_after_utc
@@ -650,7 +575,7 @@ def _check_fwid(verdict: Verdict, ev: NvidiaEvidence, leaf: x509.Certificate | N
     if reported is None:
         verdict.add("fwid", False, "the opaque data carries no FWID (type 20)")
     elif certified is None:
-        where = _name(leaf) if leaf is not None else "no leaf certificate"
+        where = cert_name(leaf) if leaf is not None else "no leaf certificate"
         verdict.add("fwid", False, f"{where}: no TCG DICE FWID ({TCG_DICE_FWID_OID.dotted_string})")
     elif reported == certified:
         verdict.add("fwid", True, f"the leaf's TCG DICE FWID equals the reported {reported.hex()}")

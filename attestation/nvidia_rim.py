@@ -40,7 +40,7 @@ from signxml.verifier import SignatureConfiguration, VerifyResult, XMLVerifier
 from attestation.certs import load_certs, spki_sha256
 
 # the same chain walk as the GPU's device chain (nvidia.py imports this module only lazily)
-from attestation.nvidia import _build_chain, _name, _pick_leaf, _self_signed
+from attestation.nvidia_chain import build_chain, cert_name, pick_leaf, self_signed
 from attestation.verdict import Verdict
 
 __all__ = [
@@ -207,25 +207,25 @@ def _chain(
     """The signing leaf, what is wrong with its chain (None: nothing), and the path's names."""
     if not rim.certificates:
         return None, "KeyInfo carries no X509Certificate", ""
-    leaf = _pick_leaf(list(rim.certificates))
-    path, problem = _build_chain(leaf, list(rim.certificates), None)
-    names = " → ".join(_name(c) for c in path)
+    leaf = pick_leaf(list(rim.certificates))
+    path, problem = build_chain(leaf, list(rim.certificates), None)
+    names = " → ".join(cert_name(c) for c in path)
     if problem is not None:
         return leaf, problem, names
     top = path[-1]
-    if not _self_signed(top) or spki_sha256(top) != trusted_root_spki:
+    if not self_signed(top) or spki_sha256(top) != trusted_root_spki:
         pinned = trusted_root_spki == NVIDIA_RIM_ROOT_SPKI_SHA256
         return (
             leaf,
             (
-                f"the chain ends at {_name(top)} (SPKI SHA-256 {spki_sha256(top)}), not at the "
+                f"the chain ends at {cert_name(top)} (SPKI SHA-256 {spki_sha256(top)}), not at the "
                 + ("pinned NVIDIA CoRIM signing Root CA" if pinned else "trusted RIM root")
                 + f" ({trusted_root_spki})"
             ),
             names,
         )
     expired = [
-        f"{_name(c)} (valid {c.not_valid_before_utc:%Y-%m-%d} to {c.not_valid_after_utc:%Y-%m-%d})"
+        f"{cert_name(c)} (valid {c.not_valid_before_utc:%Y-%m-%d} to {c.not_valid_after_utc:%Y-%m-%d})"
         for c in path
         if not c.not_valid_before_utc <= now <= c.not_valid_after_utc
     ]

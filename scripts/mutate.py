@@ -160,7 +160,7 @@ TARGETS: dict[str, Target] = {
         ),
     ),
     "attestation/nvidia.py": Target(  # with the RIM checks it hands NVIDIA's RIMs to
-        ("attestation/nvidia.py",),
+        ("attestation/nvidia.py", "attestation/nvidia_chain.py"),
         (T + "attestation/test_nvidia.py", T + "attestation/test_nvidia_rim.py"),
     ),
     # the attestation policy: its rules on facts written out first (about a second), then on
