@@ -72,6 +72,23 @@ class HarnessRig:
 
 
 @contextmanager
+def web_appliance(home: Home) -> Iterator[RunningAppliance]:
+    """The tiny engine behind the proxy with the changing loopback web for ``web_fetch`` and
+    ``web_search``, no MCP servers: the fixed clock, so its turns come out the same."""
+    with (
+        _serve(ChangingWeb()) as web,
+        running_appliance(
+            home,
+            engine=TINY_MODEL,
+            search_url=web + "/search?q={query}",
+            fetch_allow=("127.0.0.1/32",),
+            clock=CLOCK,
+        ) as running,
+    ):
+        yield running
+
+
+@contextmanager
 def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
     ledger = tmp / "ledger.txt"
     servers: dict[str, Any] = {}

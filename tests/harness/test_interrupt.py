@@ -26,11 +26,10 @@ pytest.importorskip("torch", reason="the appliance runs the embedded engine (`en
 pytest.importorskip("openai", reason="the harness drives turns with the openai client")
 
 from harness.agent import TurnPolicy
-from harness.demo import ChangingWeb
 from harness.session import open_session
 from harness.state import Home
-from harness.up import TINY_MODEL, RunningAppliance, _serve, running_appliance
-from tests.harness.rig import CLOCK, PINS, named
+from harness.up import RunningAppliance
+from tests.harness.rig import PINS, named, web_appliance
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "harness.cli"]
@@ -62,17 +61,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningAppliance]:
-    home = Home(tmp_path_factory.mktemp("interrupt") / "home")
-    with (
-        _serve(ChangingWeb()) as web,
-        running_appliance(
-            home,
-            engine=TINY_MODEL,
-            search_url=web + "/search?q={query}",
-            fetch_allow=("127.0.0.1/32",),
-            clock=CLOCK,
-        ) as running,
-    ):
+    with web_appliance(Home(tmp_path_factory.mktemp("interrupt") / "home")) as running:
         yield running
 
 

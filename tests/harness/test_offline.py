@@ -25,13 +25,11 @@ pytest.importorskip("openai", reason="the harness drives turns with the openai c
 
 from harness.agent import TurnPolicy
 from harness.cli import main
-from harness.demo import ChangingWeb
 from harness.session import open_session, run_turn
 from harness.state import Home
-from harness.up import TINY_MODEL, _serve, running_appliance
 from record.cli import kept_checkpoint_files
 from record.errors import StoreMissing
-from tests.harness.rig import CLOCK, PINS, named
+from tests.harness.rig import PINS, named, web_appliance
 
 POLICY = TurnPolicy(3, (named("web_search"), "none"))
 
@@ -52,16 +50,7 @@ class Stopped:
 @pytest.fixture(scope="module")
 def stopped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stopped]:
     home = Home(tmp_path_factory.mktemp("offline") / "home")
-    with (
-        _serve(ChangingWeb()) as web,
-        running_appliance(
-            home,
-            engine=TINY_MODEL,
-            search_url=web + "/search?q={query}",
-            fetch_allow=("127.0.0.1/32",),
-            clock=CLOCK,
-        ),
-    ):
+    with web_appliance(home):
         session = open_session(home, PINS, policy=POLICY).session_id
         result = run_turn(home, session, "What does the web say?")
     assert not home.appliance_file.exists()  # the appliance is gone
