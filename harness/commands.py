@@ -404,7 +404,7 @@ def register(app: typer.Typer) -> None:
         except KeyboardInterrupt:  # Ctrl-C: say where the turn stopped and how to finish it
             _err(_interrupted(h, session, opener, home=home, key=key))
             raise typer.Exit(EXIT_INTERRUPTED) from None
-        _print_result(summary_json(result), as_json)
+        _print_result(summary_json(result), as_json, _resume_command(session, home=home, key=key))
         raise typer.Exit(0 if result.outcome in ("ANSWERED", "STEP_LIMIT") else 1)
 
     @app.command("replay")
@@ -581,7 +581,7 @@ def register(app: typer.Typer) -> None:
             "tool_results_from_record": outcome.served_tools,
             "tool_calls_live": outcome.live_tools,
         }
-        _print_result(doc, as_json)
+        _print_result(doc, as_json, _resume_command(session, home=home, key=key))
         raise typer.Exit(
             0 if outcome.result.outcome in ("ANSWERED", "STEP_LIMIT", "STOPPED") else 1
         )
@@ -599,19 +599,24 @@ def register(app: typer.Typer) -> None:
     image_cli.register(app)
 
 
-def _interrupted(h: Any, session: str, opener: Any, *, home: Path | None, key: Path | None) -> str:
-    """The line Ctrl-C during ``turn`` prints: where the record says the turn stopped, and the
-    exact ``resume`` command, with the ``--home`` and ``--key`` this turn was given (a second
-    Ctrl-C while reading the record skips the detail)."""
+def _resume_command(session: str, *, home: Path | None = None, key: Path | None = None) -> str:
+    """The ``affidavit resume`` line to run, with the ``--home`` and ``--key`` given."""
     import shlex
-
-    from harness.resume import stopped_at
-    from harness.session import read_bodies
 
     command = ["affidavit", "resume", session]
     command += ["--home", str(home)] if home is not None else []
     command += ["--key", str(key)] if key is not None else []
-    resume = shlex.join(command)
+    return shlex.join(command)
+
+
+def _interrupted(h: Any, session: str, opener: Any, *, home: Path | None, key: Path | None) -> str:
+    """The line Ctrl-C during ``turn`` prints: where the record says the turn stopped, and the
+    exact ``resume`` command, with the ``--home`` and ``--key`` this turn was given (a second
+    Ctrl-C while reading the record skips the detail)."""
+    from harness.resume import stopped_at
+    from harness.session import read_bodies
+
+    resume = _resume_command(session, home=home, key=key)
     try:
         stopped = stopped_at(read_bodies(home_store(h.root), session, opener))
     except (Exception, KeyboardInterrupt):
@@ -625,7 +630,8 @@ def _interrupted(h: Any, session: str, opener: Any, *, home: Path | None, key: P
     return f"interrupted: turn {turn} of session {session} stopped {where}; run: {resume}"
 
 
-def _print_result(doc: dict[str, Any], as_json: bool) -> None:
+def _print_result(doc: dict[str, Any], as_json: bool, resume: str) -> None:
+    """A turn's steps and outcome; ``resume``: the command that settles a ``NEEDS_DECISION``."""
     if as_json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
         return
@@ -647,8 +653,9 @@ def _print_result(doc: dict[str, Any], as_json: bool) -> None:
         f"turn {doc['turn']}: {doc['outcome']}" + (f" ({doc['detail']})" if doc["detail"] else "")
     )
     if doc["outcome"] == "NEEDS_DECISION":
-        print("  a tool call's outcome is unknown and the tool is not idempotent: decide with")
-        print("  affidavit resume SESSION --decide retry|skip|abort")
+        print("  a tool call's outcome is unknown (it may have happened) and calling it again")
+        print("  is not known to be safe, or did not settle it: decide with")
+        print(f"  {resume} --decide retry|skip|abort")
     else:
         answer = "".join(c if c.isprintable() else "·" for c in doc["answer"])
         print(f"answer: {answer[:200]!r}")

@@ -151,6 +151,7 @@ def test_the_docs_command_blocks_are_found() -> None:
     assert set(EXCLUDED) <= listed, set(EXCLUDED) - listed  # no stale exclusions
 
 
+@pytest.mark.timeout(1800)  # the real model answers two turns, a re-execution and an agent
 def test_every_command_block_runs_as_written(tmp_path: Path) -> None:
     shell = Shell(tmp_path)
     skipped: list[str] = []
