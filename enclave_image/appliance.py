@@ -52,6 +52,7 @@ from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_k
 from enclave_image.appliance_tsm import TSM_REPORTS, Collected, collect_evidence
 
 if TYPE_CHECKING:
+    from attestation.snp_report import Product, SnpReport
     from egress_proxy.control import ControlClient
     from egress_proxy.netrules import HarnessRules
 
@@ -532,9 +533,8 @@ def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say
         )
         return
     report = evidence.report
-    if bytes(parse_report(report).report_data)[:32] != binding_digest(
-        keys.log_key, keys.sealing_raw
-    ):
+    parsed = parse_report(report)
+    if bytes(parsed.report_data)[:32] != binding_digest(keys.log_key, keys.sealing_raw):
         raise StartError("the SNP report does not carry this appliance's binding")
     try:
         chain = chain_pem(read_cert_table(evidence.aux))
@@ -555,7 +555,7 @@ def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say
         )
         whence = "the host's certificates"
         if not chain:
-            chain = _chain_from_kds(client, stream, report, cpu_product(layout.cpuinfo), say)
+            chain = _chain_from_kds(client, stream, parsed, cpu_product(layout.cpuinfo), say)
             whence = "the certificates from AMD's KDS"
         if chain:
             (layout.evidence_dir / certs_name).write_bytes(chain)
@@ -567,7 +567,7 @@ def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say
         client.channel.close()
 
 
-def cpu_product(cpuinfo: Path) -> str | None:
+def cpu_product(cpuinfo: Path) -> Product | None:
     """The SEV-SNP product the guest's CPUID names (``/proc/cpuinfo``'s first ``cpu family``
     and ``model``), or None: what KDS is asked about when the report (version 2) names none."""
     from attestation.snp_report import product_from_cpuid
@@ -589,19 +589,15 @@ def cpu_product(cpuinfo: Path) -> str | None:
 
 
 def _chain_from_kds(
-    client: ControlClient, stream: str, report: bytes, cpu: str | None, say: Say
+    client: ControlClient, stream: str, parsed: SnpReport, product: Product | None, say: Say
 ) -> bytes:
     """The report's chain (VCEK, ASK, ARK) from AMD's KDS, asked through the proxy, which
     records both answers in ``stream``; empty, having said why, when it cannot be had.
-    ``cpu``: the product the guest's CPUID names, for a report that names none."""
+    ``product``: the one the guest's CPUID names, for a report that names none."""
     import grpc
 
     from attestation.amd_kds import KdsError, chain_from_kds, chain_path, vcek_path
-    from attestation.snp import parse_report
-    from attestation.snp_report import product_family
 
-    parsed = parse_report(report)
-    product = product_family(cpu)
     try:
         paths = (vcek_path(parsed, product), chain_path(parsed, product))
     except KdsError as exc:
