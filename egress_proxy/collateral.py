@@ -31,6 +31,7 @@ from egress_proxy.errors import (
     ResponseTooLarge,
     UpstreamCut,
     UpstreamUnavailable,
+    UpstreamUnreachable,
 )
 from egress_proxy.fetch import (
     ExactTransport,
@@ -105,6 +106,10 @@ class CollateralFetcher:
         try:
             pinned = await _ANYWHERE.pin(ask.host, ask.port, self.config.connect_timeout_s)
             response = await self.transport.send_exact(upstream, str(pinned))
+        except UpstreamUnreachable as exc:  # not a byte went out: the GET surely did not happen
+            unreachable = UpstreamUnreachable(f"collateral: {url}: {exc}")
+            await record_failed(self.log, session, first.seq, unreachable)
+            raise unreachable from None
         except (EgressRefused, UpstreamUnavailable) as exc:
             await record_received(self.log, session, first.seq, "UNKNOWN")
             raise UpstreamUnavailable(f"collateral: {url}: {exc}") from None

@@ -28,6 +28,9 @@
     │                           it was not sent (the record comes first, always)
     └── UpstreamError           the upstream gave no whole reply (exit 3); recorded as UNKNOWN
         ├── UpstreamUnavailable 502 upstream_unavailable: no response (connect, TLS, timeout)
+        │   └── UpstreamUnreachable 502 upstream_unreachable: nothing was sent (the name did
+        │                       not resolve, no connection or TLS session opened); a fetch
+        │                       records it FAILED: the tool call surely did not happen
         ├── UpstreamCut         502 upstream_cut: the response stopped before its end
         └── ResponseTooLarge    502 response_too_large: a model reply over ``max_reply_bytes``
                                 (recorded as UNKNOWN with what arrived) or a fetched body over
@@ -166,6 +169,13 @@ class UpstreamError(ProxyError):
 
 class UpstreamUnavailable(UpstreamError):
     code = "upstream_unavailable"
+
+
+class UpstreamUnreachable(UpstreamUnavailable):
+    """No byte of the request left: a fetch that never connected did not happen, so it is
+    ``FAILED`` (with this reason), not ``UNKNOWN`` (which asks the user whether to retry)."""
+
+    code = "upstream_unreachable"
 
 
 class UpstreamCut(UpstreamError):

@@ -10,7 +10,10 @@ and body verbatim (the body base64). The shapes are in ``docs/proxy.md``.
 Before it dials, the URL's host is resolved and checked (``egress_proxy.fetch_guard``): an
 address the rule refuses (loopback, private, link-local, metadata …, unless ``fetch.allow``
 opens it) is answered 403 ``egress_refused`` and recorded ``FAILED``; the transport connects to
-the checked address only, with ``Host`` and the TLS server name still the URL's host.
+the checked address only, with ``Host`` and the TLS server name still the URL's host. A name
+that does not resolve, or an address that takes no connection, is 502 ``upstream_unreachable``
+and also ``FAILED``: not a byte went out, so the call surely did not happen (``UNKNOWN`` is
+kept for a request that may have reached the server: no reply, or a cut one).
 Redirects are not followed: a 3xx is answered like any response, its ``Location`` never dialed.
 
 A fetch is a web tool's call, so the admission rule (``egress_proxy.admission``) holds for it
@@ -53,6 +56,7 @@ from egress_proxy.errors import (
     ToolNotAsked,
     UpstreamCut,
     UpstreamUnavailable,
+    UpstreamUnreachable,
     answered_status,
 )
 from egress_proxy.fetch_guard import EgressRule
@@ -270,15 +274,14 @@ class Fetcher:
         )
         try:
             pinned = await self.rule.pin(ask.host, ask.port, self.config.connect_timeout_s)
-        except EgressRefused as exc:  # never dialed
+        except (EgressRefused, UpstreamUnreachable) as exc:  # never dialed, or no such name
             return await self._failed(session, first.seq, exc)
-        except UpstreamUnavailable as exc:  # the name does not resolve
-            await self._record(session, first.seq, "UNKNOWN")
-            return FetchAnswer(exc.status, exc.body(), first.seq)
         try:
             response = await self.transport.send_exact(upstream, str(pinned))
         except ValueError as exc:  # nothing went out: the client library would change it
             return await self._failed(session, first.seq, MalformedFetch(f"fetch: {exc}"))
+        except UpstreamUnreachable as exc:  # no connection: not a byte of the request went out
+            return await self._failed(session, first.seq, exc)
         except UpstreamUnavailable as exc:
             await self._record(session, first.seq, "UNKNOWN")
             return FetchAnswer(exc.status, exc.body(), first.seq)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
-from egress_proxy.errors import EgressRefused, UpstreamUnavailable
+from egress_proxy.errors import EgressRefused, UpstreamUnreachable
 
 Address = IPv4Address | IPv6Address
 Network = IPv4Network | IPv6Network
@@ -112,7 +112,7 @@ class EgressRule:
 
     async def pin(self, host: str, port: int, timeout_s: float) -> Address:
         """The checked address to dial for ``host``: ``EgressRefused`` naming the refused
-        address, or ``UpstreamUnavailable`` when the name does not resolve in time."""
+        address, or ``UpstreamUnreachable`` when the name does not resolve in time."""
         literal = self.check_host(host)
         if literal is not None:
             return literal
@@ -122,10 +122,10 @@ class EgressRule:
                 timeout_s,
             )
         except (OSError, TimeoutError) as exc:
-            raise UpstreamUnavailable(f"fetch: {host}: does not resolve: {exc}") from None
+            raise UpstreamUnreachable(f"fetch: {host}: does not resolve: {exc}") from None
         addresses = list(dict.fromkeys(ip_address(str(info[4][0]).split("%")[0]) for info in found))
         if not addresses:
-            raise UpstreamUnavailable(f"fetch: {host}: resolves to no address")
+            raise UpstreamUnreachable(f"fetch: {host}: resolves to no address")
         for address in addresses:
             self._check(host, address)
         return addresses[0]

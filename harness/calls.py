@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from record.cli import counted
 from record.digest import Domain, digest
 from record.limits import JsonRefused, load_json
 from record.schema import ModelRequest, ModelResponse, Strict, TurnStarted
@@ -337,7 +338,7 @@ class CallVerdict:
         text = (
             f"Replay of call seq {self.seq}: prompt {_word(self.prompt)} · injected clock "
             f"{_word(self.clock)} · request {_word(self.request)} · reply {_word(self.reply)} · "
-            f"{self.live_calls} live calls"
+            f"{counted(self.live_calls, 'live call')}"
         )
         d = self.first_difference
         if d:
@@ -381,8 +382,9 @@ class CallsReexecuteReport:
         same = sum(v.identical for v in self.verdicts)
         verdict = "identical" if self.identical else "DIFFERS"
         return (
-            f"Calls of {self.stream}: {verdict}: {same} of {self.selected} calls identical, "
-            f"{self.live_calls} live calls (replay recorded as stream {self.replay_stream})"
+            f"Calls of {self.stream}: {verdict}: {same} of {counted(self.selected, 'call')} "
+            f"identical, {counted(self.live_calls, 'live call')} (replay recorded as stream "
+            f"{self.replay_stream})"
         )
 
     def json(self) -> dict[str, Any]:

@@ -493,8 +493,7 @@ def register(app: typer.Typer) -> None:
                     if report.ok:
                         print(
                             f"Turn {turn} of {session}: reconstructed exactly: "
-                            f"{counted(len(report.steps), 'request')} and the final answer, "
-                            "byte for byte"
+                            f"{report.summary()}, byte for byte"
                         )
                     else:
                         d = report.difference
@@ -642,12 +641,17 @@ def _print_result(doc: dict[str, Any], as_json: bool, resume: str) -> None:
         print(
             f"  step {step['step']}  seq {step['seq']}  {calls}  {' '.join(step['tool_outcomes'])}"
         )
+        for call, error in zip(step["tool_calls"], step.get("tool_errors") or (), strict=False):
+            if error:
+                shown = "".join(c if c.isprintable() else " " for c in error)
+                print(f"    {call['name']} failed: {shown[:300]}")
     resumed = doc.get("resume")
     if resumed:
         print(
-            f"  resumed: {resumed['model_steps_from_record']} model steps and "
-            f"{resumed['tool_results_from_record']} tool results from the record, "
-            f"{resumed['model_steps_live']} model steps and {resumed['tool_calls_live']} tool calls live"
+            f"  resumed: {counted(resumed['model_steps_from_record'], 'model step')} and "
+            f"{counted(resumed['tool_results_from_record'], 'tool result')} from the record, "
+            f"{counted(resumed['model_steps_live'], 'model step')} and "
+            f"{counted(resumed['tool_calls_live'], 'tool call')} live"
         )
     print(
         f"turn {doc['turn']}: {doc['outcome']}" + (f" ({doc['detail']})" if doc["detail"] else "")

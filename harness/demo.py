@@ -26,6 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from record.cli import counted
+
 __all__ = ["ChangingWeb", "run_demo"]
 
 QUESTION = "Search the web for the demo page and tell me what it says."
@@ -141,12 +143,12 @@ def _demo(home_dir: Path, report_path: Path) -> int:
         answer = result.answer.strip().replace("\n", "\n          ")
         _say(f"  answer: {answer}")
         _say(
-            f"  → {result.outcome} after {len(result.steps)} steps, {calls} tool "
-            f"call{'' if calls == 1 else 's'}; "
+            f"  → {result.outcome} after {counted(len(result.steps), 'step')}, "
+            f"{counted(calls, 'tool call')}; "
             f"the web served {web.fetches} pages\n"
         )
         if result.outcome != "ANSWERED" or calls < 1:
-            _say(f"demo FAILED: the turn ended {result.outcome} with {calls} tool calls")
+            _say(f"demo FAILED: the turn ended {result.outcome} with {counted(calls, 'tool call')}")
             return 1
         key = KeyPair.read(home.user_key_file)
         _say("Reconstruct (in-process, record-backed pipeline, no network, no writes)")

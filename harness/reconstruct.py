@@ -48,6 +48,7 @@ from harness.tools import (
     fetch_text,
     recorded_output,
 )
+from record.cli import counted
 from record.schema import ModelRequest, Strict, ToolCall, ToolResult, TurnEnded, TurnStarted
 from record.seal import KeyPair
 
@@ -72,6 +73,14 @@ class ReconstructReport:
     steps: list[dict[str, Any]] = field(default_factory=list)
     difference: Difference | None = None
     answer_identical: bool = False
+    tool_results: int = 0  # tool calls the turn made, each answered from the record
+
+    def summary(self) -> str:
+        """``2 requests, 1 tool result and the final answer``: what an exact one rebuilt."""
+        return (
+            f"{counted(len(self.steps), 'request')}, {counted(self.tool_results, 'tool result')}"
+            " and the final answer"
+        )
 
     def json(self) -> dict[str, Any]:
         d = self.difference
@@ -81,6 +90,7 @@ class ReconstructReport:
             "ok": self.ok,
             "steps": self.steps,
             "answer_identical": self.answer_identical,
+            "tool_results": self.tool_results,
             "difference": None
             if d is None
             else {"step": d.step, "seq": d.seq, "what": d.what, "diff": d.diff},
@@ -218,6 +228,7 @@ def reconstruct_turn(
         api.close()
         transport.close()
     report = ReconstructReport(stream, turn, False)
+    report.tool_results = sum(len(step.tool_outputs) for step in result.steps)
     for index, (seq, key_) in enumerate(transport.served):
         report.steps.append(
             {"step": index, "request_seq": seq, "content_key": key_, "identical": True}

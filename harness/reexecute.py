@@ -29,6 +29,7 @@ from harness.session import (
 )
 from harness.state import Home, SessionState
 from harness.tools import ProxyToolbox
+from record.cli import counted
 from record.digest import Domain, digest
 from record.schema import (
     KeyRotated,
@@ -71,12 +72,11 @@ class StepVerdict:
         def word(same: bool) -> str:
             return "identical" if same else "differs"
 
-        s = "" if self.tools_replayed == 1 else "s"
         text = (
             f"Replay of turn {self.turn}, step {self.step}: prompt {word(self.prompt)} · "
             f"injected clock {word(self.clock)} · request {word(self.request)} · "
-            f"reply {word(self.reply)} · {self.tools_replayed} tool result{s} replayed from "
-            f"the record · {self.live_calls} live calls"
+            f"reply {word(self.reply)} · {counted(self.tools_replayed, 'tool result')} replayed "
+            f"from the record · {counted(self.live_calls, 'live call')}"
         )
         if self.first_difference:
             d = self.first_difference
@@ -135,8 +135,9 @@ class ReexecuteReport:
         verdict = "identical" if self.identical else "DIFFERS"
         text = (
             f"Turn {self.turn} of {self.stream}: {verdict}: {same} of {self.recorded_steps} "
-            f"steps identical, {replayed} tool results replayed from the record, "
-            f"{self.live_calls} live calls (replay recorded as stream {self.replay_stream})"
+            f"steps identical, {counted(replayed, 'tool result')} replayed from the record, "
+            f"{counted(self.live_calls, 'live call')} (replay recorded as stream "
+            f"{self.replay_stream})"
         )
         return text + (f"; stopped: {self.stopped}" if self.stopped else "")
 

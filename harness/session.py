@@ -399,6 +399,8 @@ def summary_json(result: TurnResult) -> dict[str, Any]:
                     {"id": i, "name": n, "arguments": a} for i, n, a in s.completion.tool_calls
                 ],
                 "tool_outcomes": [o.outcome for o in s.tool_outputs],
+                # why each FAILED call failed (null for the others), in the same order
+                "tool_errors": [o.why() if o.outcome == "FAILED" else None for o in s.tool_outputs],
             }
             for s in result.steps
         ],

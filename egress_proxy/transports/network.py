@@ -5,7 +5,8 @@ pipeline, or building it for reconstruct with a record-backed transport, never l
 test asserts both: no other module imports ``httpx``, and a fresh interpreter that imports
 the pipeline has neither this module nor ``httpx`` in ``sys.modules``).
 
-``httpx`` exceptions are translated here: no response becomes ``UpstreamUnavailable``, a
+``httpx`` exceptions are translated here: no response becomes ``UpstreamUnavailable`` (for an
+exact fetch, ``UpstreamUnreachable`` when no connection opened, so nothing was sent), a
 body that stops early becomes ``UpstreamCut``. Environment proxy settings are ignored
 (``trust_env=False``): where a request goes is the config's business alone. Redirects are
 not followed: a redirect is a reply, recorded and relayed like any other.
@@ -24,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from egress_proxy.errors import UpstreamCut, UpstreamUnavailable
+from egress_proxy.errors import UpstreamCut, UpstreamUnavailable, UpstreamUnreachable
 from egress_proxy.transports.base import UpstreamRequest, UpstreamResponse
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ class NetworkTransport:
             )
         try:
             response = await self._exact.send(built, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # before any request byte
+            raise UpstreamUnreachable(f"{request.url}: {type(exc).__name__}: {exc}") from None
         except httpx.HTTPError as exc:
             raise UpstreamUnavailable(f"{request.url}: {type(exc).__name__}: {exc}") from None
         return ExactResponse(response, request.url)

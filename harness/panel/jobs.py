@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from harness.panel.source import Opened, Source, StreamRecord
+from record.cli import counted
 from record.schema import ModelRequest, ModelResponse, Strict
 
 __all__ = ["Job", "Jobs", "run_replay", "run_verify", "side_by_side"]
@@ -225,8 +226,7 @@ def run_verify(job: Job, source: Source, record: StreamRecord, opened: Opened) -
         )
     if report.ok:
         say(
-            f"Turn {turn}: reconstructed exactly: {len(report.steps)} requests and the final "
-            "answer, byte for byte",
+            f"Turn {turn}: reconstructed exactly: {report.summary()}, byte for byte",
             "same",
         )
     else:
@@ -251,20 +251,25 @@ def run_verify(job: Job, source: Source, record: StreamRecord, opened: Opened) -
         where = f"stream {job.stream}"
     anchor = record.anchor()
     if problems:
-        say(f"Audit of {where}: {len(problems)} problems", "differs")
+        say(f"Audit of {where}: {counted(len(problems), 'problem')}", "differs")
         for p in problems[:20]:
             say(f"  {p.code} (seq {p.seq}): {p.detail}", "differs")
     else:
-        covered = f"the latest covers {anchor[0].size} entries" if anchor else "none yet"
+        covered = (
+            f"the latest covers {counted(anchor[0].size, 'entry', 'entries')}"
+            if anchor
+            else "none yet"
+        )
         say(
-            f"Audit of {where}: {len(record.rows)} entries, {len(record.notes)} checkpoints "
-            f"signed by the log key ({covered}), {len(record.kept)} kept checkpoints consistent "
+            f"Audit of {where}: {counted(len(record.rows), 'entry', 'entries')}, "
+            f"{counted(len(record.notes), 'checkpoint')} "
+            f"signed by the log key ({covered}), {counted(len(record.kept), 'kept checkpoint')} consistent "
             "with them, every body opened and every digest recomputed: no problem",
             "same",
         )
     proven, unproven, failed = _proofs(record, opened, turn)
     say(
-        f"Inclusion proofs of turn {turn}: {proven} entries proven in the latest checkpoint"
+        f"Inclusion proofs of turn {turn}: {counted(proven, 'entry', 'entries')} proven in the latest checkpoint"
         + (f", {unproven} not yet covered by a checkpoint" if unproven else "")
         + (f", {failed} FAILED" if failed else ""),
         "differs" if failed else "same",

@@ -9,7 +9,7 @@ is reachable here). What is proven:
 - a non-200 answer is recorded and handed back with its status;
 - a path that is not a KDS document's, an unknown session, or a proxy without collateral
   (turned off, or with no network transport: replay) is refused before anything is recorded;
-- a KDS that cannot be reached is ``UNAVAILABLE`` with the fetch recorded ``UNKNOWN``; an
+- a KDS that takes no connection is ``UNAVAILABLE`` with the fetch recorded ``FAILED``; an
   answer over the limit is cut, ``UNAVAILABLE``, recorded ``FAILED``;
 - the entries read back with the record's own reader and the independent one.
 """
@@ -160,7 +160,7 @@ def test_an_unknown_session_is_not_found(kit: Kit) -> None:
     assert _code(info) == grpc.StatusCode.NOT_FOUND
 
 
-def test_a_kds_that_cannot_be_reached_is_unavailable_and_recorded_unknown(
+def test_a_kds_that_takes_no_connection_is_unavailable_and_recorded_failed(
     tmp_path: Path,
 ) -> None:
     with running(tmp_path, f"http://127.0.0.1:{_free_port()}", connect_timeout_s=5) as kit:
@@ -168,9 +168,10 @@ def test_a_kds_that_cannot_be_reached_is_unavailable_and_recorded_unknown(
         with pytest.raises(grpc.RpcError) as info:
             kit.client.fetch_collateral(stream, CHAIN)
         assert _code(info) == grpc.StatusCode.UNAVAILABLE
-        assert "upstream_unavailable" in _details(info) and CHAIN in _details(info)
+        assert "upstream_unreachable" in _details(info) and CHAIN in _details(info)
         _, response = _fetches(kit, stream)
-        assert (response.request_seq, response.outcome) == (1, "UNKNOWN")
+        assert (response.request_seq, response.outcome) == (1, "FAILED")
+        assert response.error_bytes is not None and CHAIN.encode() in response.error_bytes
 
 
 def test_an_answer_over_the_limit_is_cut_and_recorded_failed(tmp_path: Path) -> None:

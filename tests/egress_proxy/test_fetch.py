@@ -6,9 +6,11 @@
   received (content-coding not undone), and ``fetch.response`` holds them as one HTTP message;
   with ``Content-Length`` framing that is byte for byte what the server sent.
 - A chunked body is recorded with its framing removed (documented).
-- No connection (or a name that does not resolve): 502 ``upstream_unavailable``, recorded
-  ``UNKNOWN``; a cut body: 502 ``upstream_cut``, ``UNKNOWN`` with what arrived; a body over
-  the limit: 502 ``response_too_large``, ``FAILED``.
+- No connection, or a name that does not resolve: not a byte went out, so 502
+  ``upstream_unreachable``, recorded ``FAILED`` with that reason (#18 line 5: the turn goes on,
+  it does not stop for a decision); a request sent and never answered: 502
+  ``upstream_unavailable``, ``UNKNOWN``; a cut body: 502 ``upstream_cut``, ``UNKNOWN`` with
+  what arrived; a body over the limit: 502 ``response_too_large``, ``FAILED``.
 - Bad input is refused before anything is recorded (400 ``malformed_json`` or
   ``malformed_fetch``); the token guards the route (401); only POST (405).
 - Fetch cannot reach inside (#16 line 5): on a proxy with no ``fetch.allow``, every internal
@@ -30,6 +32,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import gzip
+import json
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,7 +44,7 @@ import anyio
 import httpx
 import pytest
 
-from egress_proxy.errors import EgressRefused, UpstreamUnavailable
+from egress_proxy.errors import EgressRefused, UpstreamUnreachable
 from egress_proxy.fetch_guard import EgressRule, default_refusal, numeric_host_form
 from egress_proxy.server import ProxyServer
 from egress_proxy.transports.base import UpstreamRequest
@@ -176,26 +179,52 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_no_connection_is_recorded_unknown(tools: ToolRig) -> None:
+def _failed_with(reply: FetchResponse, code: str) -> dict[str, str]:
+    """The recorded ``FAILED`` outcome's error, which names ``code`` (what the client got)."""
+    assert (reply.outcome, reply.status, reply.response_bytes) == ("FAILED", None, None)
+    assert reply.error_bytes is not None
+    error: dict[str, str] = json.loads(reply.error_bytes)["error"]
+    assert error["code"] == code
+    return error
+
+
+def test_no_connection_is_recorded_failed_with_its_reason(tools: ToolRig) -> None:
     session = tools.rig.open_session()
     url = f"http://127.0.0.1:{_closed_port()}/x"
     reply_seq = _asked(tools.rig, session, url)
     response = _fetch(session, {"method": "GET", "url": url})
     assert response.status_code == 502
-    assert response.json()["error"]["code"] == "upstream_unavailable"
+    assert response.json()["error"]["code"] == "upstream_unreachable"
     request, reply = _entries(tools, session.session_id)
     assert isinstance(request, FetchRequest) and isinstance(reply, FetchResponse)
-    assert (reply.outcome, reply.status, reply.response_bytes) == ("UNKNOWN", None, None)
+    error = _failed_with(reply, "upstream_unreachable")
+    assert url in error["message"] and "ConnectError" in error["message"]
+    assert response.json()["error"] == error  # the record says what the client was told
     assert response.headers["affidavit-request-seq"] == str(reply_seq + 1)
 
 
-def test_a_name_that_does_not_resolve_is_recorded_unknown(tools: ToolRig) -> None:
+def test_a_name_that_does_not_resolve_is_recorded_failed(tools: ToolRig) -> None:
     session = tools.rig.open_session()
     _asked(tools.rig, session, "http://nothing.invalid/x")
     response = _fetch(session, {"method": "GET", "url": "http://nothing.invalid/x"})
     assert response.status_code == 502
     error = response.json()["error"]
-    assert error["code"] == "upstream_unavailable" and "nothing.invalid" in error["message"]
+    assert error["code"] == "upstream_unreachable" and "nothing.invalid" in error["message"]
+    _, reply = _entries(tools, session.session_id)
+    assert isinstance(reply, FetchResponse)
+    assert _failed_with(reply, "upstream_unreachable")["message"] == error["message"]
+
+
+def test_a_request_sent_and_never_answered_is_recorded_unknown(tools: ToolRig) -> None:
+    """The server read the whole request and closed without a word: it may have acted on it."""
+    session = tools.rig.open_session()
+    with RawHttpServer(b"") as server:
+        url = f"http://127.0.0.1:{server.port}/x"
+        _asked(tools.rig, session, url)
+        response = _fetch(session, {"method": "GET", "url": url})
+    assert len(server.received) == 1
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_unavailable"
     _, reply = _entries(tools, session.session_id)
     assert isinstance(reply, FetchResponse)
     assert (reply.outcome, reply.status, reply.response_bytes) == ("UNKNOWN", None, None)
@@ -448,7 +477,7 @@ def test_allow_opens_a_network_and_deny_wins(tmp_path: Path) -> None:
         # 127.0.0.1 only, so nothing answers there: the fetch was dialed, not refused)
         dialed = _fetch(session, {"method": "GET", "url": allow})
         assert dialed.status_code == 502
-        assert dialed.json()["error"]["code"] == "upstream_unavailable"
+        assert dialed.json()["error"]["code"] == "upstream_unreachable"
     assert listener.connections() == 0
 
 
@@ -564,7 +593,7 @@ def test_tls_to_the_pinned_address_names_the_host_as_the_server_name(tmp_path: P
         finally:
             await transport.aclose()
 
-    with pytest.raises(UpstreamUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+    with pytest.raises(UpstreamUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
         anyio.run(send)
     thread.join(10)
     listener.close()

@@ -172,19 +172,37 @@ def test_a_named_call_must_be_that_call_and_is_served_once(tools: ToolRig) -> No
 
 
 def test_unknown_may_be_sent_again_failed_was_served(tools: ToolRig) -> None:
-    """An ``UNKNOWN`` fetch (no connection) may go again, as resume sends it; one refused by
-    the egress rule (``FAILED``) was served: a second is 409, not a second 403."""
+    """An ``UNKNOWN`` fetch (sent, never answered) may go again, as resume sends it; one that
+    surely did not happen is ``FAILED`` and served, whether the egress rule refused it or no
+    connection opened: a second is 409, not a second 403 or 502."""
     session = tools.rig.open_session()
-    dark = f"http://127.0.0.1:{_closed_port()}/"
-    inside = "http://10.0.0.1/"  # private: the rig's fetch.allow opens only 127.0.0.1/32
-    asked = [("c1", "web_fetch", {"url": dark}), ("c2", "web_fetch", {"url": inside})]
-    reply_seq = committed_reply(tools.rig, session, list(asked))
-    assert [_fetch(session, dark).status_code for _ in range(2)] == [502, 502]
+    with RawHttpServer(b"") as silent:  # reads the request, closes without a word
+        dark = f"http://127.0.0.1:{silent.port}/"
+        closed = f"http://127.0.0.1:{_closed_port()}/"
+        inside = "http://10.0.0.1/"  # private: the rig's fetch.allow opens only 127.0.0.1/32
+        asked = [
+            ("c1", "web_fetch", {"url": dark}),
+            ("c2", "web_fetch", {"url": inside}),
+            ("c3", "web_fetch", {"url": closed}),
+        ]
+        reply_seq = committed_reply(tools.rig, session, list(asked))
+        assert [_fetch(session, dark).status_code for _ in range(2)] == [502, 502]
+        assert len(silent.received) == 2
     assert _fetch(session, inside).status_code == 403
     again = _fetch(session, inside)
     _refused_and_recorded(tools, session, again, "tool_call_served", reply_seq)
+    assert _fetch(session, closed).status_code == 502
+    again = _fetch(session, closed)
+    _refused_and_recorded(tools, session, again, "tool_call_served", reply_seq)
     outcomes = [(r.call_id, a and a.outcome) for r, a in _fetches(tools, session.session_id)]
-    assert outcomes == [("c1", "UNKNOWN"), ("c1", "UNKNOWN"), ("c2", "FAILED"), (None, "FAILED")]
+    assert outcomes == [
+        ("c1", "UNKNOWN"),
+        ("c1", "UNKNOWN"),
+        ("c2", "FAILED"),
+        (None, "FAILED"),
+        ("c3", "FAILED"),
+        (None, "FAILED"),
+    ]
 
 
 def test_web_search_is_admitted_as_the_query_the_model_asked_for(tools: ToolRig) -> None:

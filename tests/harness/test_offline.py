@@ -85,8 +85,8 @@ def test_replay_reconstruct(stopped: Stopped, capsys: pytest.CaptureFixture[str]
     code, out, err = _run(capsys, "replay", stopped.session, "0", "--reconstruct", *stopped.at)
     assert code == 0, out + err
     assert out.splitlines()[-1] == (
-        f"Turn 0 of {stopped.session}: reconstructed exactly: {stopped.answered} requests "
-        "and the final answer, byte for byte"
+        f"Turn 0 of {stopped.session}: reconstructed exactly: {stopped.answered} requests, "
+        "1 tool result and the final answer, byte for byte"
     )
 
     code, out, err = _run(

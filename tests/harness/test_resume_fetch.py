@@ -97,6 +97,7 @@ def test_a_known_outcome_is_served_from_the_record_by_its_call() -> None:
     # served as it was answered live: 403 egress_refused, not sent again (the proxy would
     # refuse it: that call of the reply was served)
     assert (refused.outcome, refused.text) == ("FAILED", "fetch failed: 403 egress_refused")
+    assert refused.reason.startswith("fetch failed: 403 egress_refused: ")
     assert unknown.text == "live"
     assert live.sent == [("http://b/", 3, "c3")]
     assert (box.served, box.sent_live) == (2, 1)
