@@ -442,7 +442,7 @@ def _service(
 
 def services(layout: GuestLayout) -> dict[str, Service]:
     """The three services (and the divergence job), as the supervisor runs them."""
-    cli = [layout.python, "-m", "harness.cli"]
+    cli = [layout.python, "-m", "affidavit"]
     p, e, h = layout.proxy_uid, layout.engine_uid, layout.harness_uid
     home = ["--home", str(layout.home_dir)]
     return {
@@ -637,7 +637,7 @@ def _last_json(lines: list[str]) -> dict[str, object] | None:
 def selftest_turn(layout: GuestLayout, sup: Supervisor, say: Say) -> None:
     """One pinned agent turn through the proxy, as the harness: ``session new`` then ``turn``."""
     base = services(layout)["diverge"]
-    cli = [layout.python, "-m", "harness.cli"]
+    cli = [layout.python, "-m", "affidavit"]
     home = ["--home", str(layout.home_dir)]
 
     def job(name: str, *args: str) -> dict[str, object]:

@@ -1,5 +1,5 @@
 """The harness's own commands (up, session, turn, replay, resume), registered on the
-``affidavit`` typer app by ``harness.cli``.
+``affidavit`` typer app by ``affidavit.cli``.
 
 Exit codes: 0 fine, 1 a problem was found (a reconstruction failed, a replay differs, a turn
 failed or waits for a decision), 2 usage error, 3 something it needs is missing (no running
@@ -585,17 +585,9 @@ def register(app: typer.Typer) -> None:
             0 if outcome.result.outcome in ("ANSWERED", "STEP_LIMIT", "STOPPED") else 1
         )
 
-    from attestation import cli as attestation_cli
-    from harness import attest_collect, diverge
+    from harness import diverge
 
     diverge.register(app)
-    attest_collect.register(attestation_cli.register(app))
-    from harness.panel import cli as panel_cli
-
-    panel_cli.register(app)
-    from enclave_image import cli as image_cli
-
-    image_cli.register(app)
 
 
 def _resume_command(session: str, *, home: Path | None = None, key: Path | None = None) -> str:

@@ -85,12 +85,12 @@ def run_demo(workdir: Path | None = None, report: Path | None = None) -> int:
         return 3
     home_dir = workdir or Path(tempfile.mkdtemp(prefix="affidavit-demo-"))
     report_path = report or Path(".affidavit") / "demo-report.json"
-    from inference.pull import PullError
+    from harness.up import EngineStartError
 
     try:
         return _demo(home_dir, report_path)
-    except PullError as exc:  # no model (3), or a changed file, refused, never used (1)
-        print(f"demo FAILED: its model: {exc}", file=sys.stderr)
+    except EngineStartError as exc:  # no model (3), a changed file, refused, never used (1)
+        print(f"demo FAILED: its engine: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # a part broke: say so, keep the exit code contract
         traceback.print_exc()

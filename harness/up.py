@@ -2,7 +2,9 @@
 
 It starts the embedded engine (SmolLM2-135M-Instruct unless ``--model`` names another:
 another known name, ``tiny`` for the random test model, or a model folder or ``.gguf``
-file), the
+file) as a process of its own, ``affidavit engine serve`` on a loopback port with a token
+file, as the appliance runs it (the harness imports no engine code; the engine writes to
+``engine.log`` in the state folder), then the
 egress proxy in front of it writing the record (data plane on 127.0.0.1, control plane on a
 Unix socket in the state folder), with the fetch endpoint on and any MCP servers the proxy
 config lists, and writes ``appliance.json`` so ``session``, ``turn``, ``replay`` and
@@ -26,8 +28,11 @@ working, and ``affidavit resume`` finishes an interrupted turn.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -43,10 +48,13 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MODEL",
     "TINY_MODEL",
+    "EngineProcess",
+    "EngineStartError",
     "RunningAppliance",
     "engine_model",
     "running_appliance",
     "serve_forever",
+    "start_engine",
 ]
 
 #: The model ``affidavit up`` and ``make demo`` serve unless told otherwise (pulled from PyPI).
@@ -59,39 +67,185 @@ SESSION_BOOK = "proxy-sessions.db"
 _TINY_NAME = "affidavit-tiny"
 
 
+class EngineStartError(Exception):
+    """The engine could not be started: its model (3 missing, 1 a changed file refused) or its
+    process (the code it exited with, and the last lines it wrote)."""
+
+    def __init__(self, message: str, exit_code: int = 3) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _engine_command(*args: str) -> list[str]:
+    """``affidavit engine ARGS`` as a process of its own, in this Python (``python -m
+    affidavit``: the same command line, whatever script name or venv started this one)."""
+    return [sys.executable, "-m", "affidavit", "engine", *args]
+
+
 def engine_model(home: Home, spec: str | Path, progress: Any = None) -> tuple[Path, str]:
     """The checkpoint ``spec`` names and the model id it is served under.
 
-    ``spec`` is a name :mod:`inference.pull` knows (pulled into its cache when missing),
-    ``tiny`` (made in the state folder when missing), or a model folder or ``.gguf`` file.
+    ``spec`` is a model folder or ``.gguf`` file, ``tiny`` (made in the state folder when
+    missing, by ``affidavit engine make-model``), or a name ``affidavit engine pull`` knows
+    (pulled into its cache when missing; its progress goes to this stderr). The engine's own
+    commands do it, in a process of their own: the harness imports no engine code.
     """
-    from inference.pull import KNOWN_MODELS, ensure_model
-
     say = progress or (lambda _: None)
-    if spec == TINY_MODEL:
-        from inference.make_model import make_model
-
-        path = home.root / "model"
-        if not (path / "config.json").is_file():
-            say("making the random tiny model")
-            make_model(path)
-        return path, _TINY_NAME
-    if isinstance(spec, str) and spec in KNOWN_MODELS:
-        return ensure_model(spec, progress=say), spec
     path = Path(spec)
-    if not path.exists():
-        known = ", ".join([*KNOWN_MODELS, TINY_MODEL])
-        raise FileNotFoundError(
-            f"model {str(spec)!r} is neither a known model ({known}) nor a path"
+    if spec != TINY_MODEL and path.exists():
+        return path, path.stem if path.is_file() else path.name
+    if spec == TINY_MODEL:
+        made = home.root / "model"
+        if not (made / "config.json").is_file():
+            say("making the random tiny model")
+            _engine_tool("make-model", str(made))
+        return made, _TINY_NAME
+    pulled = _engine_tool("pull", str(spec), "--json")
+    try:
+        return Path(json.loads(pulled)["path"]), str(spec)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EngineStartError(f"`engine pull {spec}` printed no model path: {exc}") from None
+
+
+def _engine_tool(*args: str) -> str:
+    """Run one ``affidavit engine`` command to its end and return its stdout. Its progress (a
+    download's) is passed on to this stderr as it comes; its error line becomes the message
+    of the ``EngineStartError`` raised if it fails, so a failure is said once."""
+    with subprocess.Popen(
+        _engine_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        said: list[str] = []
+        for raw in process.stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if line.startswith("affidavit: "):
+                said.append(line.removeprefix("affidavit: ").removeprefix("error: "))
+            else:
+                print(line, file=sys.stderr, flush=True)
+        out = process.stdout.read()
+    code = process.returncode
+    if code == 0:
+        return out.decode("utf-8", "replace")
+    why = "; ".join(said) or f"`affidavit engine {' '.join(args)}` exited {code}"
+    if args[0] == "pull" and code == 2:  # a name pull does not know
+        raise EngineStartError(f"model {args[1]!r} is neither a path nor a known model: {why}")
+    raise EngineStartError(why, code if code in (1, 3) else 1)
+
+
+@dataclass
+class EngineProcess:
+    """``affidavit engine serve`` running as a process of its own, as the appliance runs it:
+    on a loopback port, answering only the token in ``token_file``; what it writes goes to
+    ``log``."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    token_file: Path
+    log: Path
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _die_with_parent() -> Callable[[], None]:
+    """What the child runs before exec so that it gets SIGTERM when ``up`` dies, even by
+    SIGKILL: no engine is left behind. Resolved here, in the parent: the child, forked from a
+    process with threads, only calls it (no import, no lookup)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_engine(
+    home: Home, model_path: Path, served: str, timeout_s: float = 900
+) -> EngineProcess:
+    """Start the engine on ``model_path`` and return once it answers ``/v1/models``;
+    ``EngineStartError`` with its last lines if it exits first or takes past ``timeout_s``."""
+    import secrets
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    token = secrets.token_urlsafe(
+        32
+    )  # this run's: the proxy holds it, the engine answers no one else
+    token_file = home.root / "engine.token"
+    write_atomic(token_file, token.encode("ascii") + b"\n", 0o600)
+    with socket.socket() as probe:  # a free loopback port for it (it binds it a moment later)
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    log = home.root / "engine.log"
+    env = {**os.environ}
+    env.setdefault("OMP_NUM_THREADS", "1")  # two cores: the proxy and the harness need the other
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            _engine_command(
+                "serve",
+                "--model",
+                str(model_path),
+                "--model-name",
+                served,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--token-file",
+                str(token_file),
+                "--log-level",
+                "warning",
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches `up`, which stops the engine itself
+            preexec_fn=_die_with_parent(),
         )
-    return path, path.stem if path.is_file() else path.name
+    engine = EngineProcess(process, f"http://127.0.0.1:{port}", token_file, log)
+    ask = urllib.request.Request(
+        engine.url + "/v1/models", headers={"authorization": f"Bearer {token}"}
+    )
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise EngineStartError(
+                f"the engine exited ({process.returncode}) before it answered: "
+                f"{_tail(log)} (all of it in {log})",
+                3 if process.returncode == 3 else 1,
+            )
+        try:
+            with urllib.request.urlopen(ask, timeout=5) as answer:
+                if answer.status == 200:
+                    return engine
+        except (OSError, urllib.error.URLError):
+            pass
+        if time.monotonic() > deadline:
+            engine.stop()
+            raise EngineStartError(f"the engine did not answer in {timeout_s:.0f} s (see {log})", 1)
+        time.sleep(0.2)
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    try:
+        said = log.read_text("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(said[-lines:])
 
 
 @dataclass
 class RunningAppliance:
     home: Home
     appliance: Appliance
-    engine: Any  # inference.server.Engine (None: another provider is behind the proxy)
+    engine: EngineProcess | None  # None: another provider is behind the proxy
     proxy: Any  # egress_proxy.server.ProxyServer
     log: Any  # record.log.Log
 
@@ -132,34 +286,25 @@ def running_appliance(
         lock = HomeLock.take(home)  # first: a second `up` is refused before any work
         stack.callback(lock.release)  # last out: the home is held until all is stopped
         _clear_stale(home, say)
-        if provider is None:
-            import torch
-
-            torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
-            model_path, served = engine_model(home, engine, say)
-            model = model or served
         key_file = home.root / "appliance.key"
         if not key_file.is_file():
             KeyPair.generate().write(key_file)
         appliance_key = KeyPair.read(key_file)
-        running, engine_url = None, None
+        running: EngineProcess | None = None
         if provider is None:
-            from inference.engine_token import new_token, write_token_file
-            from inference.server import Engine, create_app
-
+            model_path, served = engine_model(home, engine, say)
+            model = model or served
             say(f"starting the engine ({model}: loading and self-testing takes a few seconds)")
-            running = Engine(model_path, model_name=model).start()
-            stack.callback(running.close)
-            token = new_token()  # this run's: the proxy holds it, the engine answers no one else
-            token_file = write_token_file(home.root / "engine.token", token)
-            stack.callback(token_file.unlink, missing_ok=True)
-            engine_url = stack.enter_context(_serve(create_app(running, token=token)))
+            running = start_engine(home, model_path, model)
+            stack.callback(running.token_file.unlink, missing_ok=True)
+            stack.callback(running.stop)
             provider = {
                 "api": "openai",
-                "base_url": engine_url,
+                "base_url": running.url,
                 "engine_extensions": True,
-                "api_key_file": str(token_file),
+                "api_key_file": str(running.token_file),
             }
+        assert model is not None  # a provider came with its model, or the engine gave one
         api = str(provider["api"])
         route = "/v1/messages" if api == "anthropic" else "/v1/chat/completions"
         servers = {name: dict(cfg) for name, cfg in (mcp_servers or {}).items()}
@@ -208,7 +353,7 @@ def running_appliance(
             store=str(store),
             model=model,
             api="anthropic" if api == "anthropic" else "openai",
-            engine_url=engine_url,
+            engine_url=running.url if running is not None else None,
             search_url=search_url,
             mcp_servers={
                 name: list(cfg.get("idempotent_tools", ())) for name, cfg in servers.items()
@@ -331,8 +476,6 @@ def serve_forever(home: Home, **options: Any) -> int:
     import sys
 
     from egress_proxy.errors import ConfigError
-    from inference.config import UnsupportedModelError
-    from inference.pull import PullError
 
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -345,10 +488,9 @@ def serve_forever(home: Home, **options: Any) -> int:
             print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
             print(f"record {a.store}; state in {home.root}. Ctrl-C stops it.", flush=True)
             stop.wait()
-    except (PullError, FileNotFoundError, UnsupportedModelError) as exc:
-        code = exc.exit_code if isinstance(exc, PullError) else 3  # 1: a changed model file
+    except EngineStartError as exc:  # its model (3; 1: a changed file, refused) or its process
         print(f"affidavit: cannot start the engine: {exc}", file=sys.stderr)
-        return code
+        return exc.exit_code
     except ConfigError as exc:  # the proxy's config (MCP servers included): 2, or 3 if missing
         print(f"affidavit: cannot start the proxy: {exc}", file=sys.stderr)
         return exc.exit_code

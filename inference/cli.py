@@ -1,6 +1,6 @@
 """``affidavit engine …`` and ``affidavit probe``: the embedded engine's commands.
 
-``harness.cli`` builds the ``affidavit`` typer app and calls :func:`register`. Importing this
+``affidavit.cli`` builds the ``affidavit`` typer app and calls :func:`register`. Importing this
 module must work on the base install (no torch: an auditor's machine), so everything of the
 engine is imported inside the command, and a missing engine dependency becomes exit code 3
 with the install hint rather than a traceback. The typer commands parse the options and hand
@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -205,10 +206,38 @@ def run_serve_backend(args: argparse.Namespace) -> int:
 def run_probe(args: argparse.Namespace) -> int:
     """Probe ``--url``: 0 all identical, 1 any differ, 2 bad URL, 3 unreachable."""
     from inference import probe
+    from inference.engine_token import TokenFileError, read_token_file
 
+    where, token_file = args.url, args.token_file
+    if args.home is not None:  # the engine `affidavit up` runs for that home, and its token
+        try:
+            where = where or json.loads((args.home / "appliance.json").read_bytes())["engine_url"]
+        except (OSError, ValueError, KeyError, TypeError):
+            where = None
+        if not where:
+            print(
+                f"affidavit: missing: no appliance with an engine is running on {args.home}: "
+                "run `affidavit up`, or give --url",
+                file=sys.stderr,
+            )
+            return EXIT_MISSING
+        token_file = token_file or args.home / "engine.token"
+    if where is None:
+        print(
+            "affidavit: error: give --url, or --home of a running `affidavit up`", file=sys.stderr
+        )
+        return EXIT_USAGE
     try:
-        url = probe.base_url(args.url)
+        url = probe.base_url(where)
     except ValueError as exc:
+        print(f"affidavit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        token = read_token_file(token_file) if token_file is not None else None
+    except FileNotFoundError:
+        print(f"affidavit: missing: no token file {token_file}", file=sys.stderr)
+        return EXIT_MISSING
+    except TokenFileError as exc:
         print(f"affidavit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     config = probe.ProbeConfig(
@@ -217,6 +246,7 @@ def run_probe(args: argparse.Namespace) -> int:
         probes=args.probes,
         batch_sizes=args.batch_sizes or probe.DEFAULT_BATCH_SIZES,
         max_tokens=args.max_tokens,
+        token=token,
     )
     return probe.main(config, as_json=args.json, out=sys.stdout, err=sys.stderr)
 
@@ -353,7 +383,26 @@ def _check_batch_sizes(value: str | None) -> str | None:
 
 
 def probe_command(
-    url: Annotated[str, typer.Option(help="the endpoint, e.g. http://127.0.0.1:8000")],
+    url: Annotated[
+        str | None,
+        typer.Option(help="the endpoint, e.g. http://127.0.0.1:8000", show_default=False),
+    ] = None,
+    home: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="<path>",
+            help="probe the engine `affidavit up` runs for this state folder, with its token",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="send the token in FILE (mode 0600) as the Bearer credential",
+            show_default=False,
+        ),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="the model id (default: the first of /v1/models)")
     ] = None,
@@ -372,6 +421,8 @@ def probe_command(
 ) -> None:
     args = argparse.Namespace(
         url=url,
+        home=home,
+        token_file=token_file,
         model=model,
         probes=probes,
         batch_sizes=parse_batch_sizes(batch_sizes) if batch_sizes is not None else None,

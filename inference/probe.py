@@ -34,7 +34,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 __all__ = [
@@ -98,6 +98,8 @@ class ProbeConfig:
     temperature: float = DEFAULT_TEMPERATURE
     seed: int = DEFAULT_SEED
     timeout_s: float = DEFAULT_TIMEOUT_S
+    #: sent as the Bearer credential (an engine behind a token file); never shown
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -206,14 +208,17 @@ def _filler(model: str, rng: random.Random, max_tokens: int) -> dict[str, Any]:
 class _Client:
     """JSON over HTTP with the standard library, without any proxy."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, token: str | None = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.token = token
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def _open(self, path: str, body: dict[str, Any] | None) -> Any:
         data = None if body is None else json.dumps(body).encode("utf-8")
         request = urllib.request.Request(self.url + path, data=data)
+        if self.token is not None:
+            request.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             request.add_header("Content-Type", "application/json")
         try:
@@ -287,9 +292,9 @@ def _object(value: Any, path: str) -> dict[str, Any]:
     return value
 
 
-def list_models(url: str, timeout_s: float = 30.0) -> list[str]:
+def list_models(url: str, timeout_s: float = 30.0, token: str | None = None) -> list[str]:
     """The model ids of ``/v1/models``; :class:`Unreachable` if nothing answers."""
-    data = _Client(base_url(url), timeout_s).get("/v1/models").get("data")
+    data = _Client(base_url(url), timeout_s, token).get("/v1/models").get("data")
     cards = data if isinstance(data, list) else []
     return [str(m["id"]) for m in cards if isinstance(m, dict) and "id" in m]
 
@@ -313,10 +318,10 @@ def _first_difference(alone: StreamedReply, batched: StreamedReply) -> str:
 def run_probe(config: ProbeConfig, *, progress: TextIO | None = None) -> ProbeResult:
     """Probe the endpoint: the reference replies, then every batch size in turn."""
     url = base_url(config.url)
-    client = _Client(url, config.timeout_s)
+    client = _Client(url, config.timeout_s, config.token)
     model = config.model
     if model is None:
-        models = list_models(url, config.timeout_s)
+        models = list_models(url, config.timeout_s, config.token)
         if not models:
             raise EndpointError("/v1/models lists no model; pass --model")
         model = models[0]

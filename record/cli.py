@@ -1,7 +1,7 @@
 """``affidavit keys …`` and ``affidavit log …``: the record's own commands.
 
 They need nothing but ``record`` and ``typer`` (an auditor's ``pip install affidavit`` runs
-them); ``harness.cli`` builds the ``affidavit`` app and calls :func:`register`.
+them); ``affidavit.cli`` builds the ``affidavit`` app and calls :func:`register`.
 
 Exit codes everywhere: 0 fine, 1 a problem was found, 2 usage error, 3 something it needs
 is missing (a store, bundle or key file). Commands print for people by default and one JSON
@@ -115,11 +115,16 @@ def _read_key(path: str | None) -> KeyPair | None:
         raise UsageError(str(exc)) from None
 
 
+def home_root(home: Path | None) -> Path:
+    """The state folder: ``home`` as given, else ``$AFFIDAVIT_HOME``, else ``.affidavit``."""
+    return home if home is not None else Path(os.environ.get("AFFIDAVIT_HOME") or ".affidavit")
+
+
 def home_store(home: Path | None) -> Path:
     """The record store of a state folder (default ``$AFFIDAVIT_HOME``, else ``.affidavit``):
     the one its ``appliance.json`` names while ``affidavit up`` runs, else ``record.db`` in it,
     where ``up`` keeps it; so reading the record needs no running appliance."""
-    root = home if home is not None else Path(os.environ.get("AFFIDAVIT_HOME") or ".affidavit")
+    root = home_root(home)
     try:
         named = json.loads((root / "appliance.json").read_bytes())["store"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -217,13 +222,26 @@ _Stream = Annotated[str, typer.Argument(metavar="STREAM", help="the stream (sess
 
 @_command
 def keys_new(
-    out: Annotated[str, typer.Option(metavar="KEY_FILE", help="file for the private key")],
+    out: Annotated[
+        str | None,
+        typer.Option(
+            metavar="KEY_FILE",
+            help="file for the private key (or --home: the home's user.key, which the harness "
+            "opens its sessions with)",
+            show_default=False,
+        ),
+    ] = None,
+    home: _Home = None,
     as_json: _Json = False,
 ) -> int:
     """Write an X25519 keypair (0600) and print its public key."""
-    target = Path(out)
+    if out is None and home is None:  # a key is never written where nobody asked for it
+        raise UsageError("give --out KEY_FILE, or --home DIR for the home's user.key")
+    target = Path(out) if out is not None else home_root(home) / "user.key"
     if target.exists():
         raise UsageError(f"{target} already exists; refusing to overwrite a key")
+    if out is None:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     pair = KeyPair.generate()
     pair.write(target)
     if as_json:

@@ -76,11 +76,11 @@ if [[ -n "${MODEL_DIR:-}" ]]; then
 else
     MODEL_DIR="$WORK/tiny"
     say "making the tiny model in $MODEL_DIR"
-    "$PYTHON" -m harness.cli engine make-model "$MODEL_DIR"
+    "$PYTHON" -m affidavit engine make-model "$MODEL_DIR"
 fi
 
 DEVICE_FLAG=()
-if "$PYTHON" -m harness.cli engine serve --help | grep -q -- '--device'; then
+if "$PYTHON" -m affidavit engine serve --help | grep -q -- '--device'; then
     DEVICE_FLAG=(--device "$DEVICE")
 fi
 if [[ "$MODE" == auto ]]; then
@@ -93,7 +93,7 @@ fi
 
 if [[ "$MODE" == server ]]; then
     say "starting the embedded engine: engine serve --model $MODEL_DIR --port 0 ${DEVICE_FLAG[*]:-}"
-    "$PYTHON" -m harness.cli engine serve --model "$MODEL_DIR" --port 0 --log-level warning \
+    "$PYTHON" -m affidavit engine serve --model "$MODEL_DIR" --port 0 --log-level warning \
         "${DEVICE_FLAG[@]}" >"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     URL=""
@@ -114,7 +114,7 @@ if [[ "$MODE" == server ]]; then
     fi
     cat "$WORK/server.log"
     say "probing $URL: $PROBES probes x batch sizes $BATCH_SIZES, $MAX_TOKENS tokens each"
-    "$PYTHON" -m harness.cli probe --url "$URL" --probes "$PROBES" \
+    "$PYTHON" -m affidavit probe --url "$URL" --probes "$PROBES" \
         --batch-sizes "$BATCH_SIZES" --max-tokens "$MAX_TOKENS"
     say "the probe found every probe bit-identical"
     exit 0

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRATCH = ROOT / "mutants"
 #: the project's packages, copied whole into each scratch copy (the tests import across them)
 PACKAGES = (
+    "affidavit",
     "record",
     "egress_proxy",
     "harness",

@@ -8,7 +8,10 @@ included (a lazy import is still a dependency), those under ``if TYPE_CHECKING:`
 - ``record`` imports nothing of ours: an auditor's ``pip install affidavit`` verifies with it
   alone;
 - ``attestation`` imports only ``record`` of ours (to bind a log key into evidence);
-- ``egress_proxy`` imports only ``record`` of ours.
+- ``egress_proxy`` imports only ``record`` of ours;
+- ``harness`` imports neither ``inference`` nor ``enclave_image``: ``affidavit up`` runs the
+  engine as a process of its own, and the one command line is assembled above the parts, in
+  ``affidavit.cli``, which nothing of ours imports.
 """
 
 from __future__ import annotations
@@ -18,7 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("record", "egress_proxy", "harness", "inference", "attestation", "enclave_image")
+PACKAGES = (
+    "affidavit",
+    "record",
+    "egress_proxy",
+    "harness",
+    "inference",
+    "attestation",
+    "enclave_image",
+)
 
 
 def _module(path: Path) -> str:
@@ -93,3 +104,24 @@ def test_each_part_imports_only_the_parts_below_it() -> None:
         and _package(target) not in allowed[_package(module)]
     )
     assert wrong == []
+
+
+def test_the_harness_reaches_neither_the_engine_nor_the_image() -> None:
+    wrong = sorted(
+        (module, target)
+        for module, targets in GRAPH.items()
+        if _package(module) == "harness"
+        for target in targets
+        if _package(target) in ("inference", "enclave_image")
+    )
+    assert wrong == []
+
+
+def test_the_command_line_is_assembled_above_every_part() -> None:
+    """``affidavit.cli`` takes each part's commands; no part reaches up to it."""
+    assert {"record.cli", "inference.cli", "harness.commands", "enclave_image.cli"} <= GRAPH[
+        "affidavit.cli"
+    ]
+    assert sorted(m for m, targets in GRAPH.items() if "affidavit.cli" in targets) == [
+        "affidavit.__main__"
+    ]

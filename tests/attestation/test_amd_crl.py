@@ -14,11 +14,11 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from affidavit.cli import main
 from attestation.amd_crl import CrlError, crl_url, fetch_crl
 from attestation.policy import Policy, apply_policy
 from attestation.snp import verify_snp, verify_snp_chain
 from attestation.verdict import Check, Verdict
-from harness.cli import main
 from tests.attestation.kds_double import StandInKds, stand_in_kds
 from tests.attestation.snp_double import (
     CHIP_ID,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from affidavit.cli import main
 from attestation.binding import binding_digest, report_data
 from attestation.policy import Policy, PolicyError, apply_policy, load_policy
 from attestation.published import (
@@ -21,7 +22,6 @@ from attestation.published import (
     sign_published,
 )
 from attestation.verdict import Verdict
-from harness.cli import main
 
 VECTORS = Path(__file__).resolve().parents[2].parent / "shared" / "vectors" / "attestation"
 NV = VECTORS / "nvidia-h100" / "nvtrust"

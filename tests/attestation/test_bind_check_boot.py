@@ -24,8 +24,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from affidavit.cli import main
 from attestation.binding import report_data
-from harness.cli import main
 from record.bundle import BOOT, BOOT_LABEL, EVIDENCE, INDEX, export_stream, verify_bundle
 from record.log import Log
 from record.seal import KeyPair

@@ -6,8 +6,8 @@ No SEV-SNP machine exists here, so the report is signed by the test double of AM
 command with ``--trusted-root``, which the output must say. Everything else is real: the log,
 its signed checkpoints, the exported bundle, the recipient key file, the verifier, the CLI.
 
-Most cases run the command in this process (``harness.cli.main``, fast); one runs
-``python -m harness.cli`` as a subprocess, exactly as typed at a shell.
+Most cases run the command in this process (``affidavit.cli.main``, fast); one runs
+``python -m affidavit`` as a subprocess, exactly as typed at a shell.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from affidavit.cli import main
 from attestation.bind_check import check_bundle
 from attestation.binding import report_data
-from harness.cli import main
 from record.bundle import ENTRIES, EVIDENCE, INDEX, LOG_KEY, export_stream
 from record.log import Log
 from record.seal import KeyPair
@@ -182,9 +182,9 @@ def test_text_prints_each_check_then_verdict_accept(
 
 
 def test_the_command_runs_as_typed_at_a_shell(bound: Bundle) -> None:
-    """``python -m harness.cli attest bind-check …``: the real entry point, exit code and all."""
+    """``python -m affidavit attest bind-check …``: the real entry point, exit code and all."""
     run = subprocess.run(
-        [sys.executable, "-m", "harness.cli", *bound.args("--json")],
+        [sys.executable, "-m", "affidavit", *bound.args("--json")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -194,7 +194,7 @@ def test_the_command_runs_as_typed_at_a_shell(bound: Bundle) -> None:
     assert json.loads(run.stdout)["verdict"] == "accept"
     gone = bound.path.with_name("no-such-bundle")
     missing = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "attest", "bind-check", str(gone), "--key",
+        [sys.executable, "-m", "affidavit", "attest", "bind-check", str(gone), "--key",
          str(bound.key)],
         cwd=ROOT,
         capture_output=True,

@@ -147,7 +147,7 @@ def test_unlinked_reports_take_the_first_signed_archive_and_their_kind_from_the_
 def test_certs_that_do_not_parse_are_a_usage_error_naming_the_option(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from affidavit.cli import main
 
     junk = tmp_path / "junk.pem"
     junk.write_bytes(b"not a certificate")

@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from affidavit.cli import main
 from attestation.bind_check import check_bundle
 from attestation.binding import binding_digest, report_data
 from attestation.measure import launch_digest
 from attestation.published import FORMAT, sign_published
 from attestation.snp import verify_snp
 from attestation.verdict import Verdict
-from harness.cli import main
 from harness.state import Home
 from record.bundle import export_stream
 from record.seal import KeyPair

@@ -8,6 +8,7 @@ is computed; a blank file where the check comes first.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,39 @@ def test_a_kernel_the_firmware_cannot_measure(tmp_path: Path) -> None:
     problem = _digest_refused(ovmf, vcpus=1, vcpu_type="EPYC-v4", kernel=kernel)
     assert problem.startswith(f"kernel given, but the firmware {ovmf} cannot measure it: ")
     assert "Kernel specified" in problem
+
+
+def test_what_each_input_adds_to_the_digest(ovmf: Path, tmp_path: Path) -> None:
+    """The defaults are what they say (SEV_FEATURES 0x1, any feature word from 0 is measured),
+    a precomputed OVMF digest replaces the file's, and an initrd's bytes are measured."""
+    common: dict[str, Any] = {"vcpus": 1, "vcpu_type": "EPYC-v4"}
+    default = launch_digest(ovmf, **common)
+    assert default == launch_digest(ovmf, guest_features=0x1, **common)
+    assert launch_digest(ovmf, guest_features=0, **common) not in (default, "")
+    assert launch_digest(ovmf, ovmf_hash="00" * 48, **common) != default
+    kernel, initrd, empty = tmp_path / "vmlinuz", tmp_path / "initrd", tmp_path / "empty"
+    kernel.write_bytes(b"kernel")
+    initrd.write_bytes(b"initrd")
+    empty.write_bytes(b"")
+    with_initrd = launch_digest(ovmf, kernel=kernel, initrd=initrd, **common)
+    assert with_initrd != launch_digest(ovmf, kernel=kernel, initrd=empty, **common)
+    assert with_initrd != launch_digest(ovmf, kernel=kernel, **common)
+
+
+def test_a_library_error_without_a_message_is_named_by_its_type(ovmf: Path, tmp_path: Path) -> None:
+    """sev-snp-measure asserts a firmware is whole 4 KiB pages, with no message: its class is
+    the message then."""
+    odd = tmp_path / "odd.fd"
+    odd.write_bytes(bytes(16) + ovmf.read_bytes())
+    assert _digest_refused(odd, vcpus=1, vcpu_type="EPYC-v4") == (
+        f"ovmf {odd}: cannot be measured: AssertionError"
+    )
+
+
+def test_without_sev_snp_measure_the_error_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, blank: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "sevsnpmeasure", None)  # what an import then raises
+    problem = _digest_refused(blank, vcpus=1)
+    assert problem.startswith("sev-snp-measure is not installed (")
+    assert problem.endswith("): pip install 'sev-snp-measure>=0.0.13'")

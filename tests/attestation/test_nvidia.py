@@ -1262,7 +1262,7 @@ def test_the_nonce_rule_is_for_gpu_evidence_only() -> None:
 def test_the_command_refuses_nv01_without_a_nonce_and_accepts_it_with_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from affidavit.cli import main
 
     assert main(_cli()) == 1
     out = capsys.readouterr().out

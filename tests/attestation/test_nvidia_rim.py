@@ -28,6 +28,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from affidavit.cli import main
 from attestation.certs import load_certs, spki_sha256
 from attestation.nvidia import format_vbios_version, parse_nvidia_evidence, verify_nvidia
 from attestation.nvidia_rim import (
@@ -39,7 +40,6 @@ from attestation.nvidia_rim import (
     verify_rim_signature,
 )
 from attestation.verdict import Verdict
-from harness.cli import main
 from tests.attestation.test_nvidia import FWID, _ca, _evidence, _leaf, _tlv
 from tests.conftest import in_ci
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from affidavit.cli import main
 from attestation.policy import REASONS, SNP_TCB_FLOOR, Policy, apply_policy
-from harness.cli import main
 from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, FakeAmd, fake_amd, v5_report
 from tests.attestation.test_snp import POSITIVE, VECTORS, _verify
 

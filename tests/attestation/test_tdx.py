@@ -455,7 +455,7 @@ def test_with_collateral_the_quote_level_rule_is_not_needed() -> None:
 def test_the_cli_refuses_a_bare_quote_unless_the_policy_allows_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from affidavit.cli import main
 
     args = ["attest", "verify", "--kind", "tdx", "--evidence", str(TDX / "trustee/tdx_quote_6.dat"),
             "--now", "2026-01-01T00:00:00Z"]  # fmt: skip

@@ -243,7 +243,7 @@ def test_whatever_the_writer_records_every_reader_reads(tmp_path: Path) -> None:
     key_file = tmp_path / "user.key"
     user.write(key_file)
     shown = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "log", "show", "--store", str(store_path),
+        [sys.executable, "-m", "affidavit", "log", "show", "--store", str(store_path),
          streams[0], "--key", str(key_file)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip

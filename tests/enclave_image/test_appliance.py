@@ -487,7 +487,7 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
     assert files[2].read_bytes() == files[0].read_bytes()  # KDS's chain is the table's
     # An auditor with the self-test turn's bundle alone, and no key: both boots' reports,
     # one kept with the host's chain and one with KDS's, check out and bind this log key.
-    from harness.cli import main as cli
+    from affidavit.cli import main as cli
     from record.bundle import export_stream
 
     (tmp_path / "ark.pem").write_bytes(chain.ark)

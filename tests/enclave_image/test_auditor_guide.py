@@ -63,12 +63,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from affidavit.cli import main
 from attestation.binding import report_data
 from attestation.certs import load_certs
 from attestation.published import load_published, read_public_key
 from enclave_image.ovmf import OVMF_FILE, OVMF_SHA256
 from enclave_image.publish import RELEASE_SHAPES, public_key_text
-from harness.cli import main
 from harness.state import Home
 from record.bundle import export_stream
 from record.seal import KeyPair
@@ -244,10 +244,10 @@ def _throwaway_key(where: Path) -> Ed25519PrivateKey:
 
 def _auditor_affidavit(venv_python: Path) -> Path:
     """The second venv's ``affidavit`` console script, as pip writes one: its interpreter runs
-    ``harness.cli`` from ``PYTHONPATH``, the second checkout."""
+    ``affidavit.cli`` from ``PYTHONPATH``, the second checkout."""
     script = venv_python.parent / "affidavit"
     script.write_text(
-        f"#!{venv_python}\nimport sys\nfrom harness.cli import main\nsys.exit(main())\n"
+        f"#!{venv_python}\nimport sys\nfrom affidavit.cli import main\nsys.exit(main())\n"
     )
     script.chmod(0o755)
     return script

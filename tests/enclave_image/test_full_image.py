@@ -112,7 +112,7 @@ def test_a_second_full_build_from_another_checkout_and_venv_is_byte_identical(
 ) -> None:
     """The full profile as the reduced one (``test_boot.py``): another checkout at another
     depth, another venv (so another interpreter path in every console script pip writes),
-    the build started through the CLI module (``python -m harness.cli image build``) against
+    the build started through the CLI module (``python -m affidavit image build``) against
     the fixture's in-process call, another working directory, umask, locale, time zone and,
     with ``faketime``, clock. Every file of the image folder comes out byte-identical, and so
     does the SNP launch digest."""
@@ -123,7 +123,7 @@ def test_a_second_full_build_from_another_checkout_and_venv_is_byte_identical(
            "PYTHONPATH": str(checkout)}  # fmt: skip
     for name in ("SOURCE_DATE_EPOCH", "VIRTUAL_ENV"):
         env.pop(name, None)
-    command = [str(python), "-m", "harness.cli", "image", "build", "--profile", "full",
+    command = [str(python), "-m", "affidavit", "image", "build", "--profile", "full",
                "--test-model", "tiny", "--epoch", "0", "--cache", str(CACHE), "--out", str(out)]  # fmt: skip
     if shutil.which("faketime"):
         command = ["faketime", "-f", "+3y", *command]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.cli import main
 from enclave_image.initrd import source_date_epoch, write_initrd
-from harness.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 EPOCH = 1_700_000_000
@@ -187,7 +187,7 @@ def test_the_same_tree_in_a_varied_environment_gives_identical_bytes(tmp_path: P
         "SOURCE_DATE_EPOCH": str(EPOCH),
         "PYTHONPATH": str(REPO),
     }
-    argv = [sys.executable, "-m", "harness.cli", "image", "initrd", str(second)]
+    argv = [sys.executable, "-m", "affidavit", "image", "initrd", str(second)]
     with umask(0o077):
         done = subprocess.run(
             [*argv, "--out", str(tmp_path / "two.img"), "--json"],

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from affidavit.cli import main
 from enclave_image.lock import FORMAT, LockError, load_lock, unpinned, verify_inputs
-from harness.cli import main
 
 FILES = {
     "debian/busybox-static_1%3a1.36.1-9_amd64.deb": b"a deb",

@@ -231,7 +231,7 @@ def test_the_engine_answers_only_the_proxy_uid_with_its_token(
     token_file = write_token_file(tmp_path / "engine.token", token)
     engine = _start(
         guest_ns,
-        [sys.executable, "-m", "harness.cli", "engine", "serve", "--model", str(model),
+        [sys.executable, "-m", "affidavit", "engine", "serve", "--model", str(model),
          "--model-name", "tiny", "--port", str(ENGINE_PORT), "--token-file", str(token_file),
          "--no-batch-invariance", "--log-level", "warning"],
         "affidavit engine serving",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.cli import main
 from enclave_image.appliance import (
     GuestLayout,
     StartError,
@@ -27,7 +28,6 @@ from enclave_image.appliance import (
 )
 from enclave_image.build import MODEL_JSON, build_image, model_tree, write_inputs
 from enclave_image.publish import read_image_dir
-from harness.cli import main
 from inference.gguf_file import is_gguf
 from inference.pull import KNOWN_MODELS, model_path
 

@@ -15,6 +15,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from affidavit.cli import main
 from attestation.certs import load_certs
 from attestation.measure import launch_digest
 from attestation.published import (
@@ -36,7 +37,6 @@ from enclave_image.publish import (
     read_private_key,
     write_published,
 )
-from harness.cli import main
 from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, fake_amd, v5_report
 
 OVMF = (

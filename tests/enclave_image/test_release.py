@@ -17,6 +17,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from affidavit.cli import main
 from attestation.measure import vcpu_signature
 from enclave_image.publish import (
     CHECKOUT,
@@ -30,7 +31,6 @@ from enclave_image.publish import (
     check_release_key_file,
     public_key_text,
 )
-from harness.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_DOC = REPO / "docs" / "release.md"

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from affidavit.cli import main
 from enclave_image.verity import (
     SUPERBLOCK_SIZE,
     Superblock,
@@ -28,7 +29,6 @@ from enclave_image.verity import (
     format_verity,
     hash_levels,
 )
-from harness.cli import main
 
 SALT = bytes.fromhex("5a" * 16 + "c3" * 16)
 UUID = "0f6c1a2e-3b4d-4e5f-8a9b-0c1d2e3f4a5b"

@@ -21,6 +21,8 @@ from record.seal import KeyPair
 from tests.egress_proxy.tool_rig import REMOTE_TOKEN
 
 LEDGER_SERVER = Path(__file__).with_name("_ledger_server.py")
+#: the id ``affidavit up --model tiny`` serves the tiny model under
+TINY_SERVED = "affidavit-tiny"
 #: The instant the proxy injects into every prompt: fixed, so the tiny model's replies (and
 #: so the tool calls a test expects) are the same on every run.
 CLOCK = "2026-07-22T09:30:00Z"
@@ -69,6 +71,7 @@ class HarnessRig:
     web_url: str
     ledger: Path
     remote: Remote
+    engine: Any  # inference.server.Engine, in this process
 
 
 @contextmanager
@@ -119,16 +122,54 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
                 "bearer_token_env": "TEST_REMOTE_MCP_TOKEN",
                 "idempotent_tools": ["peek"],
             }
-        with running_appliance(
-            home,
-            engine=TINY_MODEL,
-            mcp_servers=servers,
-            search_url=url + "/search?q={query}",
-            fetch_allow=("127.0.0.1/32",),  # the loopback web: refused unless allow-listed
-            env=env,
-            clock=CLOCK,
-        ) as up:
-            yield HarnessRig(home, up, web, url, ledger, remote)
+        with (
+            in_process_engine(home) as (engine, provider),
+            running_appliance(
+                home,
+                provider=provider,
+                model=TINY_SERVED,
+                mcp_servers=servers,
+                search_url=url + "/search?q={query}",
+                fetch_allow=("127.0.0.1/32",),  # the loopback web: refused unless allow-listed
+                env=env,
+                clock=CLOCK,
+            ) as up,
+        ):
+            yield HarnessRig(home, up, web, url, ledger, remote, engine)
+
+
+@contextmanager
+def in_process_engine(home: Home) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The tiny model's engine in this process, and the proxy provider that reaches it:
+    what ``affidavit up`` runs as a process of its own, here so that a test can read the
+    engine's counters and plant a fault in it (``up`` itself runs it apart: see
+    ``test_up.py``)."""
+    import torch
+
+    from inference.engine_token import new_token, write_token_file
+    from inference.make_model import make_model
+    from inference.server import Engine, create_app
+
+    torch.set_num_threads(1)  # two cores: the proxy and the harness need the other
+    home.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = home.root / "model"
+    if not (path / "config.json").is_file():
+        make_model(path)
+    engine = Engine(path, model_name=TINY_SERVED).start()
+    try:
+        token_file = write_token_file(home.root / "engine.token", new_token())
+        with _serve(create_app(engine, token=token_file.read_text().strip())) as url:
+            yield (
+                engine,
+                {
+                    "api": "openai",
+                    "base_url": url,
+                    "engine_extensions": True,
+                    "api_key_file": str(token_file),
+                },
+            )
+    finally:
+        engine.close()
 
 
 def model_exchanges(

@@ -186,7 +186,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
 
 def cli(home: Any, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args, "--home", str(home.root)],
+        [sys.executable, "-m", "affidavit", *args, "--home", str(home.root)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from affidavit.cli import main
 from harness.session import open_session, require_turn
 from harness.state import Appliance, Home, HomeInUse, HomeLock, TurnUnknown
 from harness.up import running_appliance
@@ -292,7 +292,7 @@ def _env() -> dict[str, str]:
 
 def _affidavit(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
+        [sys.executable, "-m", "affidavit", *args],
         cwd=REPO,
         env=_env(),
         capture_output=True,
@@ -309,7 +309,7 @@ class _Up:
         with console.open("wb") as sink:
             self.proc = subprocess.Popen(
                 [
-                    *(sys.executable, "-m", "harness.cli", "up", "--home", str(home)),
+                    *(sys.executable, "-m", "affidavit", "up", "--home", str(home)),
                     *("--provider-url", PROVIDER["base_url"], "--model-name", MODEL),
                 ],
                 cwd=REPO,

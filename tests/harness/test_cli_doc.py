@@ -8,7 +8,7 @@ from typing import Any
 
 import typer.main
 
-from harness.cli import app
+from affidavit.cli import app
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 SERVICES = {"up", "engine serve", "demo", "panel"}

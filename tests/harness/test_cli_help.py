@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import typer
 
-import harness.cli
-from harness.cli import app, build_app, main
+import affidavit.cli
+from affidavit.cli import app, build_app, main
 from record.errors import StoreMissing, UnknownStream
 
 
@@ -133,6 +133,22 @@ def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]
     assert capsys.readouterr().err.strip() != ""
 
 
+def test_keys_new_writes_the_homes_user_key_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``keys new --home`` makes the key the harness opens that home's sessions with."""
+    from harness.session import user_key
+    from harness.state import Home
+
+    home = tmp_path / "home"
+    assert main(["keys", "new", "--home", str(home)]) == 0
+    public = capsys.readouterr().out.strip()
+    assert (home / "user.key").stat().st_mode & 0o777 == 0o600
+    assert user_key(Home(home)).recipient.text() == public
+    assert main(["keys", "new", "--home", str(home)]) == 2  # never over an existing key
+    assert "already exists" in capsys.readouterr().err
+
+
 def test_log_verify_on_a_missing_path_exits_3(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -160,7 +176,7 @@ def test_a_record_error_from_any_command_is_its_exit_code(
         """Raise a record error."""
         raise error
 
-    monkeypatch.setattr(harness.cli, "app", other)
+    monkeypatch.setattr(affidavit.cli, "app", other)
     assert main(["boom"]) == code
     assert str(error) in capsys.readouterr().err
 
@@ -177,6 +193,6 @@ def test_a_command_s_exit_code_is_returned(monkeypatch: pytest.MonkeyPatch) -> N
     def fine() -> None:
         """Do nothing."""
 
-    monkeypatch.setattr(harness.cli, "app", other)
+    monkeypatch.setattr(affidavit.cli, "app", other)
     assert main(["exit-4"]) == 4
     assert main(["fine"]) == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from affidavit.cli import main
 from record.audit import verify_store
 from record.seal import KeyPair
 
@@ -38,7 +38,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
         [
             sys.executable,
             "-m",
-            "harness.cli",
+            "affidavit",
             "demo",
             "--workdir",
             str(workdir),

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import typer
 
-import harness.cli
+import affidavit.cli
 import harness.prompt
 from harness import diverge as diverge_module
 from harness.agent import TurnPolicy
@@ -131,13 +131,13 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Recorded]:
 
 @pytest.fixture()
 def cli(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """``harness.cli.main``, with ``diverge`` on the app (until ``harness.commands`` has it)."""
-    command = typer.main.get_command(harness.cli.app)
+    """``affidavit.cli.main``, with ``diverge`` on the app (until ``harness.commands`` has it)."""
+    command = typer.main.get_command(affidavit.cli.app)
     if "diverge" not in getattr(command, "commands", {}):
-        app = harness.cli.build_app()
+        app = affidavit.cli.build_app()
         diverge_module.register(app)
-        monkeypatch.setattr(harness.cli, "app", app)
-    return harness.cli.main
+        monkeypatch.setattr(affidavit.cli, "app", app)
+    return affidavit.cli.main
 
 
 def _run(cli: Any, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -23,8 +23,8 @@ import pytest
 pytest.importorskip("torch", reason="the appliance runs the embedded engine (`engine` extra)")
 pytest.importorskip("openai", reason="the harness drives turns with the openai client")
 
+from affidavit.cli import main
 from harness.agent import TurnPolicy
-from harness.cli import main
 from harness.session import open_session, read_bodies, user_key
 from harness.state import Home
 from harness.up import TINY_MODEL, running_appliance

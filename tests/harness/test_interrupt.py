@@ -32,7 +32,7 @@ from harness.up import RunningAppliance
 from tests.harness.rig import PINS, named, web_appliance
 
 REPO = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "harness.cli"]
+CLI = [sys.executable, "-m", "affidavit"]
 #: web_search forced at step 0, then words: the turn has a tool step to stop around.
 POLICY = TurnPolicy(3, (named("web_search"), "none"))
 LINE = re.compile(

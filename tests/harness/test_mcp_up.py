@@ -31,7 +31,7 @@ SECRET = "hdr-s3cret-7f1c"
 
 def _cli(*args: str, home: Path, env: dict[str, str] | None = None) -> Any:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args, "--home", str(home)],
+        [sys.executable, "-m", "affidavit", *args, "--home", str(home)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -87,7 +87,7 @@ def test_up_with_an_mcp_config_and_tools_list(tmp_path: Path) -> None:
         config = _config(tmp_path, far + "/mcp")
         command = ["up", "--model", "tiny", "--mcp-config", str(config), "--home", str(home)]
         up = subprocess.Popen(
-            [sys.executable, "-m", "harness.cli", *command],
+            [sys.executable, "-m", "affidavit", *command],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -4,39 +4,40 @@ Found running the docs: a ``web_search`` whose endpoint never answered (its fetc
 ``UNKNOWN``, and again after the one retry an idempotent tool gets) ended the turn
 ``NEEDS_DECISION``, and ``turn`` said "the tool is not idempotent" and printed
 ``affidavit resume SESSION …`` with the placeholder, not the id. The real tiny engine, proxy
-and CLI; the search endpoint is a loopback port nothing listens on.
+and CLI; the search endpoint reads each request and closes without a word (the request went
+out, so its outcome is unknown; a port nothing listens on is a call that surely did not
+happen, ``FAILED``: ``test_failed_tool.py``).
 """
 
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch", reason="the appliance runs the embedded engine (`engine` extra)")
 
-from harness.cli import main
+from affidavit.cli import main
 from harness.state import Home
 from harness.up import TINY_MODEL, running_appliance
+from tests.egress_proxy.tool_rig import RawHttpServer
 from tests.harness.rig import CLOCK
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def test_a_turn_waiting_for_a_decision_prints_the_command_that_settles_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     home = Home(tmp_path / "home")
-    search = f"http://127.0.0.1:{_closed_port()}/search?q={{query}}"
-    with running_appliance(
-        home, engine=TINY_MODEL, search_url=search, fetch_allow=("127.0.0.1/32",), clock=CLOCK
+    with (
+        RawHttpServer(b"") as silent,
+        running_appliance(
+            home,
+            engine=TINY_MODEL,
+            search_url=f"http://127.0.0.1:{silent.port}/search?q={{query}}",
+            fetch_allow=("127.0.0.1/32",),
+            clock=CLOCK,
+        ),
     ):
         where = ["--home", str(home.root)]
         opened = ["session", "new", "--pin", "seed=42,max_tokens=64", "--json", *where]
@@ -44,6 +45,7 @@ def test_a_turn_waiting_for_a_decision_prints_the_command_that_settles_it(
         session = json.loads(capsys.readouterr().out)["session"]
         assert main(["turn", session, "Search the web.", *where]) == 1
         out = capsys.readouterr().out
+    assert len(silent.received) == 2  # the call, and the one retry of an idempotent tool
     assert "turn 0: NEEDS_DECISION (web_search: no outcome after a retry)" in out
     assert "is not idempotent" not in out
     assert f"  affidavit resume {session} --home {home.root} --decide retry|skip|abort" in out

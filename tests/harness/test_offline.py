@@ -23,8 +23,8 @@ import pytest
 pytest.importorskip("torch", reason="the appliance runs the embedded engine (`engine` extra)")
 pytest.importorskip("openai", reason="the harness drives turns with the openai client")
 
+from affidavit.cli import main
 from harness.agent import TurnPolicy
-from harness.cli import main
 from harness.session import open_session, run_turn
 from harness.state import Home
 from record.cli import kept_checkpoint_files

@@ -27,8 +27,8 @@ pytest.importorskip("jinja2", reason="the panel renders with Jinja2")
 
 from fastapi.testclient import TestClient
 
+from affidavit.cli import main
 from harness.agent import TurnPolicy
-from harness.cli import main
 from harness.panel.app import create_app
 from harness.panel.server import running_panel
 from harness.panel.source import ApplianceSource, BundleSource
@@ -268,7 +268,7 @@ def test_the_panel_command_prints_its_url_serves_a_bundle_and_stops_on_sigint(
 
     bundle = tmp_path / "bundle"
     export_stream(recorded.store, recorded.pinned, bundle)
-    args = [sys.executable, "-m", "harness.cli", "panel", "--bundle", str(bundle),
+    args = [sys.executable, "-m", "affidavit", "panel", "--bundle", str(bundle),
             "--key", str(recorded.key_file), "--json"]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -131,7 +131,7 @@ def test_session_new_gives_any_client_what_it_needs(
     the text, or the shell lines that set the variables the SDKs read by themselves."""
     import anthropic
 
-    from harness.cli import main
+    from affidavit.cli import main
 
     args = ["session", "new", "--pin", "seed=3,max_tokens=8", "--home", str(rig.home.root)]
     assert main([*args, "--json"]) == 0

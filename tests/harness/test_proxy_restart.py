@@ -245,7 +245,7 @@ def _env() -> dict[str, str]:
 
 def affidavit(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
+        [sys.executable, "-m", "affidavit", *args],
         cwd=REPO,
         env=_env(),
         capture_output=True,
@@ -263,7 +263,7 @@ class Appliance:
         self.argv = [
             sys.executable,
             "-m",
-            "harness.cli",
+            "affidavit",
             "up",
             "--home",
             str(home.root),

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from harness.cli import main
+from affidavit.cli import main
 from harness.state import Home
 from harness.up import _serve, running_appliance
 

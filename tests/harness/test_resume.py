@@ -43,8 +43,8 @@ import pytest
 pytest.importorskip("torch", reason="the harness tests run the embedded engine (`engine` extra)")
 pytest.importorskip("openai", reason="the harness drives turns with the openai client")
 
+from affidavit.cli import main
 from harness.agent import TurnPolicy
-from harness.cli import main
 from harness.session import open_session, pending_calls, read_bodies
 from harness.state import Home
 from harness.up import TINY_MODEL, running_appliance
@@ -132,7 +132,7 @@ def _env(trace: bool = False) -> dict[str, str]:
 
 
 def argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "harness.cli", *args]
+    return [sys.executable, "-m", "affidavit", *args]
 
 
 def affidavit(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -595,7 +595,7 @@ def test_a_second_resume_serves_a_step_that_failed_once_and_then_committed(
     again under a new id)."""
     from inference.protocol import ApiError
 
-    engine = rig.up.engine
+    engine = rig.engine
     prepare = engine.prepare
     failing = {"left": 0}
 

@@ -29,7 +29,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the engine test needs the `engine` extra")
 
-from harness.cli import main
+from affidavit.cli import main
 from record.schema import ModelResponse, ToolCall, ToolResult
 from record.seal import KeyPair
 from tests.harness.rig import HarnessRig, harness_rig

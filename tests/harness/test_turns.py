@@ -20,9 +20,9 @@ import pytest
 
 pytest.importorskip("torch", reason="the harness tests run the embedded engine (`engine` extra)")
 
+from affidavit.cli import main
 from harness import prompt as prompt_module
 from harness.agent import TurnPolicy
-from harness.cli import main
 from harness.reconstruct import reconstruct_turn
 from harness.reexecute import reexecute_turn
 from harness.session import open_session, read_bodies, run_turn
@@ -125,7 +125,7 @@ def test_reconstruct_runs_under_unshare_n_from_the_cli(recorded: Recorded, tmp_p
         source.backup(target)  # a consistent copy: the live appliance keeps writing its store
     home = recorded.rig.home.root
     args = [
-        "unshare", "-rn", sys.executable, "-m", "harness.cli", "replay", recorded.session, "0",
+        "unshare", "-rn", sys.executable, "-m", "affidavit", "replay", recorded.session, "0",
         "--reconstruct", "--store", str(copy), "--home", str(home), "--json",
     ]  # fmt: skip
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -162,7 +162,7 @@ def test_a_planted_change_in_prompt_building_fails_reconstruct_at_step_1(
 def test_reexecute_is_identical_with_zero_live_calls_and_one_engine_request_per_step(
     recorded: Recorded,
 ) -> None:
-    engine = recorded.rig.up.engine
+    engine = recorded.rig.engine
     admitted = engine.stats()["scheduler"]["admitted"]
     fetches, ledger = recorded.rig.web.fetches, recorded.rig.ledger.read_text()
     lines: list[str] = []
@@ -274,7 +274,7 @@ def test_the_harness_connects_to_nothing_but_the_proxy(recorded: Recorded, tmp_p
     trace = tmp_path / "connects.txt"
     args = [
         "strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace),
-        sys.executable, "-m", "harness.cli", "turn", state.session_id, "Search, then answer.",
+        sys.executable, "-m", "affidavit", "turn", state.session_id, "Search, then answer.",
         "--home", str(rig.home.root),
     ]  # fmt: skip
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=120)

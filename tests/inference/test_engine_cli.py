@@ -1,6 +1,6 @@
 """``affidavit engine make-model``: the typer command, its body, and the base install.
 
-``harness.cli`` builds the ``affidavit`` app and calls :func:`inference.cli.register`; the
+``affidavit.cli`` builds the ``affidavit`` app and calls :func:`inference.cli.register`; the
 command hands its arguments to ``run_make_model``, which is also driven here directly.
 Importing ``inference.cli`` (and the whole command line) must work without torch (an
 auditor's base install) and the command must then exit 3 with the install hint; that test
@@ -20,7 +20,7 @@ import typer
 from typer.testing import CliRunner
 
 import inference.cli
-from harness.cli import main
+from affidavit.cli import main
 from inference.cli import register, run_make_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,10 +66,10 @@ def test_cli_imports_without_torch_and_exits_3() -> None:
     script = (
         "import sys\n"
         "sys.modules['torch'] = None\n"
-        "import argparse, inference.cli as cli, harness.cli\n"
+        "import argparse, inference.cli as cli, affidavit.cli\n"
         "assert 'torch' not in [m for m, v in sys.modules.items() if v is not None]\n"
         "assert cli.run_make_model(argparse.Namespace(dir='unused')) == 3\n"
-        "sys.exit(harness.cli.main(['engine', 'make-model', 'unused']))\n"
+        "sys.exit(affidavit.cli.main(['engine', 'make-model', 'unused']))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120

@@ -98,7 +98,7 @@ def test_the_token_file_is_its_owners_alone(tmp_path: Path) -> None:
 def test_engine_serve_checks_the_token_file_before_the_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from harness.cli import main
+    from affidavit.cli import main
 
     model = str(tmp_path / "no-model-here")  # never reached: the token file is read first
     assert main(["engine", "serve", "--model", model, "--token-file", str(tmp_path / "x")]) == (

@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
 import inference.cli  # noqa: E402
-from harness.cli import main  # noqa: E402
+from affidavit.cli import main  # noqa: E402
 from inference.probe import ProbeConfig, base_url, parse_batch_sizes, probe_request  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from tests.inference.serving import serve_in_thread  # noqa: E402

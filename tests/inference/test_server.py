@@ -499,7 +499,7 @@ def test_a_client_that_leaves_frees_its_slot(
 
 
 def test_the_cli_serves_as_a_subprocess(tiny_model_dir: Path) -> None:
-    command = [sys.executable, "-m", "harness.cli", "engine", "serve", "--model"]
+    command = [sys.executable, "-m", "affidavit", "engine", "serve", "--model"]
     command += [str(tiny_model_dir), "--port", "0", "--model-name", "tiny"]
     command += ["--no-batch-invariance", "--log-level", "warning"]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)

@@ -38,7 +38,7 @@ from fastapi import FastAPI, Request  # noqa: E402
 from fastapi.responses import JSONResponse, Response, StreamingResponse  # noqa: E402
 
 import inference.cli  # noqa: E402
-from harness.cli import main  # noqa: E402
+from affidavit.cli import main  # noqa: E402
 from inference.server import Engine, create_app  # noqa: E402
 from inference.vllm import (  # noqa: E402
     BATCH_INVARIANT_ENV,

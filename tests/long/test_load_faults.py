@@ -212,7 +212,7 @@ def test_every_acknowledged_call_is_recorded_once_through_three_kills(
     key_file = tmp_path / "user.pem"
     user.write(key_file)
     verified = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "log", "verify", str(store),
+        [sys.executable, "-m", "affidavit", "log", "verify", str(store),
          "--key", str(key_file)],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip

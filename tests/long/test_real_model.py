@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def served(smollm2_gguf: Path) -> Iterator[str]:
     """``affidavit engine serve`` on the GGUF file, as a user starts it."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "engine", "serve", "--model", str(smollm2_gguf),
+        [sys.executable, "-m", "affidavit", "engine", "serve", "--model", str(smollm2_gguf),
          "--model-name", "smollm2-135m", "--port", "0", "--log-level", "warning"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -50,7 +50,7 @@ def served(smollm2_gguf: Path) -> Iterator[str]:
 @pytest.mark.timeout(1800)  # four batch sizes of a real model on 2 cores
 def test_probe_is_bit_identical_on_smollm2_at_batch_sizes_1_2_8_16(served: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", "probe", "--url", served, "--probes", "4",
+        [sys.executable, "-m", "affidavit", "probe", "--url", served, "--probes", "4",
          "--batch-sizes", "1,2,8,16", "--max-tokens", "16", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=1500,
     )  # fmt: skip

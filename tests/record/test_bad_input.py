@@ -64,7 +64,7 @@ SIXTEEN_MIB = 16 * 1024 * 1024
 
 def affidavit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *map(str, args)],
+        [sys.executable, "-m", "affidavit", *map(str, args)],
         capture_output=True,
         text=True,
         encoding="utf-8",

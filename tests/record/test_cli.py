@@ -12,7 +12,7 @@
   root are the same afterwards;
 - ``log key``: the vkey that verifies the store's checkpoints (and no other key does).
 
-In process, ``harness.cli.main`` returns the exit code of a record error a command raises
+In process, ``affidavit.cli.main`` returns the exit code of a record error a command raises
 (and lets any other exception through), and ``record.cli.register`` adds ``keys`` and ``log``
 to any typer app.
 
@@ -38,7 +38,7 @@ import merkle_reference as ref
 import pytest
 import typer
 
-from harness.cli import main
+from affidavit.cli import main
 from record import cli as record_cli
 from record.checkpoint import CheckpointError, Signer, Verifier, open_checkpoint
 from record.digest import Domain, digest
@@ -61,7 +61,7 @@ PROBLEM_KEYS = {"code", "stream", "seq", "detail"}
 
 def affidavit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *map(str, args)],
+        [sys.executable, "-m", "affidavit", *map(str, args)],
         capture_output=True,
         text=True,
         encoding="utf-8",

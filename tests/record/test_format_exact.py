@@ -685,7 +685,7 @@ def test_a_tail_after_a_matching_checkpoint_is_still_tolerated(
 
 def _log_verify(bundle: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "log", "verify", str(bundle), *flags],
+        [sys.executable, "-m", "affidavit", "log", "verify", str(bundle), *flags],
         capture_output=True,
         text=True,
         timeout=120,

@@ -241,7 +241,7 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Session]:
 
 def affidavit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *map(str, args)],
+        [sys.executable, "-m", "affidavit", *map(str, args)],
         capture_output=True,
         text=True,
         encoding="utf-8",
@@ -363,7 +363,7 @@ def _serve_panel(session: Session, rules: str) -> tuple[subprocess.Popen[str], d
         )  # fmt: skip
         assert exported.returncode == 0, exported.stderr
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "panel", "--bundle", str(bundle), "--key",
+        [sys.executable, "-m", "affidavit", "panel", "--bundle", str(bundle), "--key",
          str(session.user_key), "--redact", rules, "--json"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

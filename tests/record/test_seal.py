@@ -406,7 +406,7 @@ def test_stored_bytes_hold_no_plaintext(store: Path, log: Log, parties: Parties)
 
 def affidavit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *map(str, args)],
+        [sys.executable, "-m", "affidavit", *map(str, args)],
         capture_output=True,
         text=True,
         encoding="utf-8",

@@ -49,7 +49,7 @@ def _started(turn: int) -> TurnStarted:
 
 def _affidavit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *map(str, args)],
+        [sys.executable, "-m", "affidavit", *map(str, args)],
         capture_output=True,
         text=True,
         encoding="utf-8",

@@ -1,5 +1,10 @@
 """``affidavit``: the command line, a typer app assembled from each part's commands.
 
+This thin module sits above the parts: it alone takes the record's, the engine's, the
+harness's, attestation's, the panel's and the image's commands onto one app, so no part
+imports another only to reach its commands (``harness`` imports neither ``inference`` nor
+``enclave_image``; ``tests/test_import_graph.py`` holds it to that).
+
 Exit codes everywhere: 0 fine, 1 a problem was found, 2 usage error (a key file that is not
 a key, a home another ``up`` holds), 3 something it needs is missing (a running appliance, a
 session, a turn, a store, bundle, key file or an extra).
@@ -21,6 +26,10 @@ from typing import IO, Annotated, Any, Protocol, cast
 
 import typer
 
+from attestation import cli as attestation_cli
+from enclave_image import cli as image_cli
+from harness import attest_collect, commands, tools_cli
+from harness.panel import cli as panel_cli
 from harness.state import HomeError
 from inference import cli as engine_cli
 from record import cli as record_cli
@@ -59,7 +68,15 @@ _CLICK_EXCEPTION = _click_exception()
 
 def demo(
     workdir: Annotated[
-        Path | None, typer.Option(help="where to write the demo's store and keys")
+        Path | None,
+        typer.Option(
+            "--home",
+            "--workdir",
+            metavar="<path>",
+            help="the demo's state folder, new or empty: its store and keys (default: a new "
+            "temporary folder)",
+            show_default=False,
+        ),
     ] = None,
     report: Annotated[
         Path | None,
@@ -89,11 +106,10 @@ def build_app() -> typer.Typer:
     root.command("demo")(demo)
     record_cli.register(root)
     engine_cli.register(root)
-    from harness import commands
-
     commands.register(root)
-    from harness import tools_cli
-
+    attest_collect.register(attestation_cli.register(root))
+    panel_cli.register(root)
+    image_cli.register(root)
     tools_cli.register(root)
     return root
 

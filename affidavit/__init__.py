@@ -1,0 +1,1 @@
+"""Affidavit: the ``affidavit`` command line, assembled above the parts (:mod:`affidavit.cli`)."""
