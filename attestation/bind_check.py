@@ -107,7 +107,11 @@ def check_bundle(
             "bundle",
             integrity.ok,
             f"{integrity.entries} entries and the checkpoints verify under {log_key}"
-            + (f", and the {len(boot)} boot bundle(s) under the same key" if boot else "")
+            + (
+                f", and the {len(boot)} boot bundle{'' if len(boot) == 1 else 's'} under the same key"
+                if boot
+                else ""
+            )
             if integrity.ok
             else "; ".join(f"{p.code}: {p.detail}" for p in integrity.problems[:3]),
         )

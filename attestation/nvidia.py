@@ -413,7 +413,8 @@ def _facts(evidence: NvidiaEvidence) -> dict[str, Any]:
     facts["opaque"] = {f.name: f.value.hex() for f in resp.opaque}
     if evidence.trailing_padding:
         facts["trailing_padding_note"] = (
-            f"{evidence.trailing_padding} zero byte(s) after the signature, outside what the "
+            f"{evidence.trailing_padding} zero byte{'' if evidence.trailing_padding == 1 else 's'}"
+            " after the signature, outside what the "
             "signature covers: tolerated as padding"
         )
     return facts
@@ -542,7 +543,7 @@ def _check_chain(
     verdict.add(
         "chain.validity",
         not expired,
-        f"all {len(path)} certificate(s) are valid at {now:%Y-%m-%dT%H:%M:%SZ}"
+        f"{_all_certificates(len(path))} valid at {now:%Y-%m-%dT%H:%M:%SZ}"
         if not expired
         else f"not valid at {now:%Y-%m-%dT%H:%M:%SZ}: " + ", ".join(expired),
     )
@@ -668,3 +669,8 @@ def verify_nvidia(
         _rim_checks(verdict, ev, rims, now)
     _online_checks(verdict, online, bool(rims))
     return verdict
+
+
+def _all_certificates(n: int) -> str:
+    """``all 2 certificates are`` (``the 1 certificate is``): the validity line's subject."""
+    return "the 1 certificate is" if n == 1 else f"all {n} certificates are"

@@ -422,7 +422,14 @@ def _check_vek_fields(verdict: Verdict, report: SnpReport, found: _Chain) -> Non
     parts = ", ".join(f"{p}={v}" for p, v in tcb.items())
     if missing or diff:
         detail = "; ".join(
-            ([f"the certificate lacks TCB extension(s) {', '.join(missing)}"] if missing else [])
+            (
+                [
+                    f"the certificate lacks TCB extension{'' if len(missing) == 1 else 's'} "
+                    + ", ".join(missing)
+                ]
+                if missing
+                else []
+            )
             + ([f"REPORTED_TCB vs certificate: {', '.join(diff)}"] if diff else [])
         )
         verdict.add("vek.tcb", False, detail)

@@ -157,7 +157,8 @@ class _Verifier(_CollateralChecks, _TcbChecks):
         if q.trailing:
             f["trailing_bytes"] = len(q.trailing)
             f["trailing_bytes_note"] = (
-                f"{len(q.trailing)} byte(s) after the signature data, outside every "
+                f"{len(q.trailing)} byte{'' if len(q.trailing) == 1 else 's'} after the signature "
+                "data, outside every "
                 "signature: ignored"
             )
 
@@ -264,7 +265,8 @@ class _Verifier(_CollateralChecks, _TcbChecks):
         self.add(
             "pck_chain.validity",
             not expired,
-            f"all {len(chain.path)} certificate(s) are valid at {_iso(self.now)}"
+            f"{'the 1 certificate is' if len(chain.path) == 1 else f'all {len(chain.path)} certificates are'}"
+            f" valid at {_iso(self.now)}"
             if not expired
             else f"not valid at {_iso(self.now)}: " + ", ".join(expired),
         )

@@ -159,7 +159,8 @@ class _Reader:
     def take(self, size: int, field: str) -> bytes:
         if size > self.left:
             raise ValueError(
-                f"{field}: truncated: needs {size} byte(s) at offset {self.pos}, "
+                f"{field}: truncated: needs {size} byte{'' if size == 1 else 's'} at offset "
+                f"{self.pos}, "
                 f"{max(self.left, 0)} left"
             )
         chunk = self.data[self.pos : self.pos + size]

@@ -344,7 +344,11 @@ def _compile(root: Path, *trees: Path, prefix: str = "/", say: Say = lambda _: N
     if done.returncode not in (0, 1) or (done.returncode == 1 and not failed):
         raise RuntimeError(f"compileall failed ({done.returncode}): {done.stderr[-2000:]}")
     if failed:
-        say(f"{len(failed)} file(s) are not Python 3.11 and stay uncompiled")
+        say(
+            "1 file is not Python 3.11 and stays uncompiled"
+            if len(failed) == 1
+            else f"{len(failed)} files are not Python 3.11 and stay uncompiled"
+        )
 
 
 def _stand_in_model(out_dir: Path) -> Path:

@@ -170,7 +170,11 @@ def inputs(
             print(f"FAIL  {problem}")
         if lacking:
             print(f"note  the lock pins no {', '.join(lacking)} yet")
-        print("inputs match the lock" if not problems else f"{len(problems)} input(s) differ")
+        print(
+            "inputs match the lock"
+            if not problems
+            else f"{len(problems)} {'input differs' if len(problems) == 1 else 'inputs differ'}"
+        )
     if problems:
         raise typer.Exit(1)
 

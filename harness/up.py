@@ -174,9 +174,8 @@ def start_engine(
     import urllib.error
     import urllib.request
 
-    token = secrets.token_urlsafe(
-        32
-    )  # this run's: the proxy holds it, the engine answers no one else
+    # this run's token: the proxy holds it, the engine answers no one else
+    token = secrets.token_urlsafe(32)
     token_file = home.root / "engine.token"
     write_atomic(token_file, token.encode("ascii") + b"\n", 0o600)
     with socket.socket() as probe:  # a free loopback port for it (it binds it a moment later)
@@ -186,6 +185,8 @@ def start_engine(
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", "1")  # two cores: the proxy and the harness need the other
     with log.open("ab") as out:
+        out.write(f"--- affidavit up: engine on port {port}, {time.ctime()}\n".encode())
+        out.flush()  # the tail quoted on failure is this run's, never an older one's
         process = subprocess.Popen(
             _engine_command(
                 "serve",
@@ -210,6 +211,7 @@ def start_engine(
             preexec_fn=_die_with_parent(),
         )
     engine = EngineProcess(process, f"http://127.0.0.1:{port}", token_file, log)
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no $http_proxy
     ask = urllib.request.Request(
         engine.url + "/v1/models", headers={"authorization": f"Bearer {token}"}
     )
@@ -222,7 +224,7 @@ def start_engine(
                 3 if process.returncode == 3 else 1,
             )
         try:
-            with urllib.request.urlopen(ask, timeout=5) as answer:
+            with direct.open(ask, timeout=5) as answer:
                 if answer.status == 200:
                     return engine
         except (OSError, urllib.error.URLError):
@@ -234,11 +236,12 @@ def start_engine(
 
 
 def _tail(log: Path, lines: int = 3) -> str:
+    """The last ``lines`` lines this run's engine wrote (after its ``---`` header)."""
     try:
-        said = log.read_text("utf-8", "replace").strip().splitlines()
+        said = log.read_text("utf-8", "replace").rsplit("--- affidavit up:", 1)[-1]
     except OSError:
         return ""
-    return " | ".join(said[-lines:])
+    return " | ".join(said.strip().splitlines()[1:][-lines:]) or "it wrote nothing"
 
 
 @dataclass

@@ -350,7 +350,8 @@ def parse_checkpoint(text: str) -> Checkpoint:
     # tlog-checkpoint §Note text: at least three lines.
     if len(lines) < 3:
         raise MalformedNote(
-            f"checkpoint has {len(lines)} line(s); origin, tree size and root hash are required"
+            f"checkpoint has {len(lines)} line{'' if len(lines) == 1 else 's'}; origin, tree size "
+            "and root hash are required"
         )
     origin, size_line, root_line, *extensions = lines
     # tlog-checkpoint §Note text, 1: the origin MUST be non-empty.

@@ -135,9 +135,48 @@ TARGETS: dict[str, Target] = {
     "record/sqlite_store.py": Target(
         ("record/sqlite_store.py",),
         (
+            T + "record/test_sqlite_store_mutants.py",
             T + "record/test_store_contract.py",
             T + "record/test_evidence_archive.py",
             T + "record/test_readonly.py",
+        ),
+    ),
+    # the decoder on bytes written out, with test_redact.py's own decoder tests and the views
+    # (which read every form): a second; not test_redact.py's recorded session
+    "record/decoded.py": Target(
+        ("record/decoded.py",),
+        (
+            T + "record/test_decoded_mutants.py",
+            T + "record/test_redact.py::test_a_messages_stream_is_reassembled_into_its_message",
+            T
+            + "record/test_redact.py::test_a_responses_stream_is_reassembled_and_unknown_events_are_kept",
+            T + "record/test_redact.py::test_other_bodies_decode_by_what_they_are",
+            T + "record/test_redact_mutants.py",
+        ),
+    ),
+    # export byte for byte and each spoiled bundle word for word first (seconds), then the
+    # format document's cases and the signed-tail bundles; not test_tamper.py or
+    # test_audit.py (a minute a mutant)
+    "record/bundle.py": Target(
+        ("record/bundle.py",),
+        (
+            T + "record/test_bundle_mutants.py",
+            T + "record/test_format_doc.py",
+            T + "record/test_format_exact.py",
+            T + "record/test_signed_tail.py",
+        ),
+    ),
+    # not record/errors.py: class constants and one f-string that mutmut 3 leaves alone, so it
+    # makes no mutant there (and stops, failing the run); test_errors_mutants.py pins each code
+    # `keys` and `log` in process on stores written with Log (seconds); not test_cli.py's
+    # subprocess runs, which take seconds a command
+    "record/cli.py": Target(
+        ("record/cli.py",),
+        (
+            T + "record/test_cli_mutants.py",
+            T + "record/test_cli.py::test_a_mapped_error_is_an_exit_code_in_process",
+            T + "record/test_cli.py::test_an_error_not_mapped_is_not_swallowed",
+            T + "record/test_cli.py::test_json_of_keys_new_and_the_log_commands_that_print_facts",
         ),
     ),
     "egress_proxy/admission.py": Target(  # the pure rule first: a break fails in a second
@@ -288,6 +327,17 @@ TARGETS: dict[str, Target] = {
             T + "attestation/test_certs.py",
             T + "attestation/test_snp.py",
             T + "attestation/test_tdx.py",
+        ),
+    ),
+    # `attest verify` and `attest policy` in process, word for word first (seconds); then the
+    # end-to-end CLI tests on NVIDIA's vector and the SNP test double, and --crl/--fetch-crl
+    "attestation/cli.py": Target(
+        ("attestation/cli.py",),
+        (
+            T + "attestation/test_attest_cli_mutants.py",
+            T + "attestation/test_attest_cli.py",
+            T + "attestation/test_snp_policy.py",
+            T + "attestation/test_amd_crl.py",
         ),
     ),
     # the panel's proof code: where an entry sits and its inclusion check, not the page source

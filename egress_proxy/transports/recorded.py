@@ -166,7 +166,11 @@ class RecordIndex:
             )
         )
         if not diff:  # the same bytes: every recorded answer to them is already served
-            diff = f"the same bytes; its {nearest.order + 1} recorded answer(s) are all served\n"
+            answers = nearest.order + 1
+            diff = (
+                f"the same bytes; its {answers} recorded "
+                f"{'answer is served already' if answers == 1 else 'answers are all served'}\n"
+            )
         message = f"the record does not hold this {what}; nearest is seq {nearest.seq}"
         return ReplayMiss(message, nearest=nearest, diff=diff)
 

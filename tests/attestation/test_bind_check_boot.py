@@ -144,7 +144,7 @@ def test_bind_check_without_a_key_accepts_the_session_bundle(
         "trust.amd_roots", "bundle", "evidence.link", f"evidence.{name}", f"binding.{name}",
     ]  # fmt: skip
     assert str(checks["bundle"]["detail"]).endswith(
-        f"verify under {appliance.log_key}, and the 1 boot bundle(s) under the same key"
+        f"verify under {appliance.log_key}, and the 1 boot bundle under the same key"
     )
     link = checks["evidence.link"]
     assert link["ok"] is None

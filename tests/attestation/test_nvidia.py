@@ -736,7 +736,7 @@ def test_generated_facts_and_every_check_word_for_word(
             "FWID": FWID.hex(),
             "OPAQUE_DATA_VERSION": "0201",
         },
-        "trailing_padding_note": "2 zero byte(s) after the signature, outside what the "
+        "trailing_padding_note": "2 zero bytes after the signature, outside what the "
         "signature covers: tolerated as padding",
         "chain": ["CN=Test GPU FMC LF", "CN=Test Device Identity CA"],
     }
@@ -761,7 +761,7 @@ def test_generated_facts_and_every_check_word_for_word(
             True,
             "the leaf Test GPU FMC LF is an end-entity certificate with a FWID extension",
         ),
-        "chain.validity": (True, "all 2 certificate(s) are valid at 2025-01-01T00:00:00Z"),
+        "chain.validity": (True, "all 2 certificates are valid at 2025-01-01T00:00:00Z"),
         "nonce": (
             None,
             "no expected nonce was given: freshness not checked (the request's nonce is "
@@ -1115,7 +1115,7 @@ def test_validity_includes_both_ends_and_names_every_certificate_out_of_it(
         verdict = verify_nvidia(_evidence(key), chain, now=now, trusted_root=root)
         assert _details(verdict)["chain.validity"] == (
             True,
-            f"all 2 certificate(s) are valid at {now:%Y-%m-%dT%H:%M:%SZ}",
+            f"all 2 certificates are valid at {now:%Y-%m-%dT%H:%M:%SZ}",
         )
     late = verify_nvidia(_evidence(key), chain, now=END + timedelta(seconds=1), trusted_root=root)
     span = "(valid 2024-01-01T00:00:00Z to 2034-01-01T00:00:00Z)"
@@ -1283,3 +1283,10 @@ def test_the_command_refuses_nv01_without_a_nonce_and_accepts_it_with_one(
     bad.write_text('{"require_nonce": "sometimes"}')
     assert main(_cli("--policy", str(bad))) == 2
     assert "require_nonce" in capsys.readouterr().err
+
+
+def test_the_validity_line_counts_its_certificates_in_words() -> None:
+    from attestation.nvidia import _all_certificates
+
+    assert _all_certificates(1) == "the 1 certificate is"
+    assert _all_certificates(4) == "all 4 certificates are"

@@ -2037,7 +2037,7 @@ def test_verify_tdx_on_tdx01_names_what_it_checked(
     assert facts["qe_vendor_id"] == INTEL_QE_VENDOR_ID.hex()
     assert facts["trailing_bytes"] == 70
     assert facts["trailing_bytes_note"] == (
-        "70 byte(s) after the signature data, outside every signature: ignored"
+        "70 bytes after the signature data, outside every signature: ignored"
     )
     assert "tee_tcb_svn2" not in facts and "mrservicetd" not in facts
     quote_level = {
@@ -2309,9 +2309,7 @@ def test_a_quote_under_the_double_is_accepted_end_to_end(
     assert checks["pck_chain.root_pinned"].detail == (
         f"the root {ROOT} is the given trusted root {ROOT} (SPKI SHA-256 {spki_sha256(pki.root)})"
     )
-    assert checks["pck_chain.validity"].detail == (
-        f"all 3 certificate(s) are valid at {_iso(WHEN)}"
-    )
+    assert checks["pck_chain.validity"].detail == (f"all 3 certificates are valid at {_iso(WHEN)}")
     assert checks["qe_report_signature"].detail == (
         "ECDSA P-256/SHA-256 over the QE report (384 bytes) verifies with the PCK key"
     )
@@ -2575,7 +2573,7 @@ def test_the_quote_as_hex_text_and_its_sizes_read_unsigned(
     assert parse_tdx_quote(spaced) == parse_tdx_quote(raw)
     with pytest.raises(ValueError) as caught:
         parse_tdx_quote(raw[:48])  # the header alone: nothing left for the body
-    assert str(caught.value) == "body: truncated: needs 584 byte(s) at offset 48, 0 left"
+    assert str(caught.value) == "body: truncated: needs 584 bytes at offset 48, 0 left"
     high = bytearray(raw)
     high[0:2] = (0x8004).to_bytes(2, "little")
     with pytest.raises(ValueError) as caught:

@@ -206,7 +206,7 @@ def _error(data: bytes) -> str:
 
 
 def _truncated(name: str, size: int, offset: int, left: int) -> str:
-    return f"{name}: truncated: needs {size} byte(s) at offset {offset}, {left} left"
+    return f"{name}: truncated: needs {size} byte{'' if size == 1 else 's'} at offset {offset}, {left} left"
 
 
 @pytest.mark.parametrize(("version", "body_type"), [(4, 2), (5, 2), (5, 3)])

@@ -501,7 +501,7 @@ _ROOT64 = base64.b64encode(bytes(32)).decode()
         (
             "o\n1\n",
             None,
-            "checkpoint has 2 line(s); origin, tree size and root hash are required",
+            "checkpoint has 2 lines; origin, tree size and root hash are required",
         ),
         (f"\n1\n{_ROOT64}\n", 1, "origin is empty"),
         (f"o\n01\n{_ROOT64}\n", 2, "tree size '01' has a leading zero"),
