@@ -147,8 +147,9 @@ def counted(n: int, thing: str, things: str | None = None) -> str:
 
 
 def kept_checkpoint_files(values: Sequence[str]) -> list[Path]:
-    """The files ``--against`` names: each value a checkpoint file, a folder (every file
-    under it, such as a home's ``checkpoints/``) or a quoted glob (``'kept/*.note'``)."""
+    """The files ``--against`` names, each once, in the order first named: each value a
+    checkpoint file, a folder (every file under it, such as a home's ``checkpoints/``) or a
+    quoted glob (``'kept/*.note'``)."""
     import glob
 
     files: list[Path] = []
@@ -165,7 +166,7 @@ def kept_checkpoint_files(values: Sequence[str]) -> list[Path]:
             files += [Path(m) for m in matched if Path(m).is_file()]
         else:
             raise StoreMissing(f"checkpoint file {path} does not exist")
-    return files
+    return list(dict.fromkeys(files))  # a file named twice (its folder and a glob) counts once
 
 
 def _read_kept(values: Sequence[str]) -> list[bytes]:

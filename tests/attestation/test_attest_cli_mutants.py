@@ -143,7 +143,8 @@ def test_snp_usage_errors_are_named_by_their_option(
     args = _snp(tmp_path, amd)
     args[args.index(str(tmp_path / "ark.pem"))] = str(not_ark)
     assert main(args) == 2
-    assert "Error: Invalid value for --trusted-root: " in _err(capsys)
+    err = _err(capsys)
+    assert f"Error: Invalid value for --trusted-root: {not_ark}" in err and "None" not in err
 
 
 def test_a_rim_that_is_not_a_rim_is_a_usage_error_named_by_rim(
@@ -151,8 +152,8 @@ def test_a_rim_that_is_not_a_rim_is_a_usage_error_named_by_rim(
 ) -> None:
     rim = tmp_path / "driver.swidtag"
     rim.write_text("not xml")
-    assert main(_nvidia(nv, "--rim", str(rim))) == 2
-    assert "Error: Invalid value for --rim: " in _err(capsys)
+    assert main(_nvidia(nv, "--rim", str(rim))) == 2  # read, not refused for its kind
+    assert f"Error: Invalid value for --rim: {rim}: not an XML RIM: " in _err(capsys)
 
 
 def test_fetch_crl_needs_a_vek_naming_its_product(
@@ -429,3 +430,25 @@ def test_fetch_crl_waits_for_a_slow_kds(
         kds.documents = _SlowDocuments({"/vcek/v1/Turin/crl": amd.crl()})
         assert main(_snp(tmp_path, amd, "--fetch-crl", "--kds", kds.url)) == 0
     assert "ok   chain.revocation: ARK-Turin's CRL" in capsys.readouterr().out
+
+
+def test_no_key_certificate_is_a_usage_error_named_by_certs(
+    amd: FakeAmd, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _snp(tmp_path, amd)
+    cut = args.index("--certs")
+    del args[cut : cut + 4]
+    assert main(args) == 2
+    assert "Error: Invalid value for --certs: no VCEK or VLEK among the certificates" in _err(
+        capsys
+    )
+
+
+def test_a_parse_failure_keeps_its_kind_in_json(
+    amd: FakeAmd, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _snp(tmp_path, amd)
+    (tmp_path / "vek.der").write_bytes(b"\x30\x03junk")
+    assert main([*args, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["kind"] == "snp" and doc["verdict"] == "reject"

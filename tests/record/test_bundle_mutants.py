@@ -20,6 +20,8 @@ from record.errors import StoreMissing, UnknownStream
 from record.log import Log
 from record.schema import SCHEMA_VERSION
 from record.seal import KeyPair
+from record.sqlite_store import SQLiteStore
+from record.store import PendingCheckpoint, PendingEntry
 from tests.record.raw_store import stored_lines
 
 SESSION, OTHER, BOOT = "session-1", "session-2", "boot-1"
@@ -226,18 +228,26 @@ def test_entries_missing_empty_or_cut_short_are_named(bundle: Path) -> None:
     del index["stream"]
     _write_index(bundle, index)
     assert ("malformed_bundle", "?", None, f"{path} is missing") in _problems(bundle)
+    key = bundle / "log_key.pub"
+    key.unlink()  # nothing names the stream: every problem says "?"
+    assert ("malformed_bundle", "?", None, f"{key} is missing") in _problems(bundle)
+
+
+def test_kept_checkpoints_are_held_against_the_bundle(bundle: Path) -> None:
+    problems = [p for p in verify_bundle(bundle, kept=[b"not a note"]).problems]
+    assert problems and any("kept checkpoint #0" in p.detail for p in problems)
 
 
 def test_a_line_s_problem_names_its_line(bundle: Path) -> None:
     path = bundle / "entries.jsonl"
     lines = path.read_bytes().split(b"\n")
-    lines[2] = b"not an entry"
+    lines[0] = b"not an entry"
     path.write_bytes(b"\n".join(lines))
-    assert any("entries.jsonl line 3" in p[3] for p in _problems(bundle))
+    assert any("entries.jsonl line 1" in p[3] for p in _problems(bundle))
     index = _index(bundle)
     del index["stream"]
     _write_index(bundle, index)
-    assert {p[1] for p in _problems(bundle)} == {SESSION}  # read from the first good line
+    assert {p[1] for p in _problems(bundle)} == {SESSION}  # read from the next good line
 
 
 def test_index_counts_that_do_not_match_the_files_are_named(bundle: Path) -> None:
@@ -302,6 +312,9 @@ def test_the_boot_list_against_the_boot_folder(bundle: Path) -> None:
     assert _problems(bundle) == [
         ("evidence_missing", SESSION, None, "bundle.json lists boot/boot-2/; it is missing")
     ]
+    _write_index(bundle, {**index, "boot": ["boot-0", BOOT]})  # one missing: the rest checked
+    report = verify_bundle(bundle)
+    assert report.streams == [SESSION, BOOT]
     _write_index(bundle, {k: v for k, v in index.items() if k != "boot"})
     assert _problems(bundle) == [
         ("evidence_unlisted", SESSION, None, "boot/boot-1 is not listed in bundle.json")
@@ -314,8 +327,8 @@ def test_a_boot_bundle_is_checked_under_the_parent_s_log_key(bundle: Path) -> No
     problems = _problems(bundle)
     own_key = _index(bundle)["log_key"]
     detail = f"boot/{BOOT}: log_key.pub names other+1234+AAAA, not the bundle's log key {own_key}"
-    assert ("checkpoint_invalid", BOOT, None, detail) in problems
-    assert all(p[3].startswith(f"boot/{BOOT}: ") for p in problems)
+    # its checkpoints are still checked under the parent's key, which signed them
+    assert problems == [("checkpoint_invalid", BOOT, None, detail)]
 
 
 def test_a_boot_bundle_that_names_another_stream_or_nests_is_named(bundle: Path) -> None:
@@ -331,3 +344,41 @@ def test_a_boot_bundle_that_names_another_stream_or_nests_is_named(bundle: Path)
     assert _problems(bundle) == []
     (boot / "boot").mkdir()
     assert ("malformed_bundle", BOOT, None, nested) in _problems(bundle)
+
+
+def test_streams_that_are_not_boot_evidence_are_passed_over(
+    tmp_path: Path, write_turn: Any
+) -> None:
+    appliance = KeyPair.generate()
+    path = tmp_path / "record.db"
+    with Log.open(path, appliance_key=appliance) as log:
+        log.open_stream(BOOT, [appliance.recipient], labels={BOOT_LABEL: "stamp"})
+        log.open_stream(SESSION, [appliance.recipient])
+        write_turn(log, SESSION, 0)
+    # rows no writer of ours makes, each sorting before the boot stream: the search goes on
+    boot_line = stored_lines(path, BOOT)[0]
+    raw = SQLiteStore(path)
+    raw.append(
+        [
+            # the boot stream's own opening, under a name that cannot be a folder
+            PendingEntry(".early", lambda seq: (boot_line, b"2" * 32)),
+            PendingEntry("a-bad", lambda seq: (b'{"kind":"stream.opened"}', b"0" * 32)),
+            PendingEntry("a-raw", lambda seq: (b'{"x":1}', b"1" * 32)),
+        ],
+        [PendingCheckpoint("a-cp", lambda size: b"a note of no entry")],
+    )
+    raw.close()
+    index = export_stream(path, SESSION, tmp_path / "b")
+    assert index["boot"] == [BOOT]
+    assert sorted(p.name for p in (tmp_path / "b" / "boot").iterdir()) == [BOOT]
+
+
+def test_a_store_without_a_log_key_exports_an_empty_one(tmp_path: Path) -> None:
+    path = tmp_path / "raw.db"
+    raw = SQLiteStore(path)
+    raw.append([PendingEntry("s", lambda seq: (b'{"x":1}', b"1" * 32))])
+    raw.close()
+    index = export_stream(path, "s", tmp_path / "b")
+    assert index["log_key"] == "" and index["recipients"] == []
+    assert (tmp_path / "b" / "log_key.pub").read_bytes() == b"\n"
+    assert (tmp_path / "b" / "recipients.txt").read_bytes() == b""
