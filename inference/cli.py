@@ -206,7 +206,6 @@ def run_serve_backend(args: argparse.Namespace) -> int:
 def run_probe(args: argparse.Namespace) -> int:
     """Probe ``--url``: 0 all identical, 1 any differ, 2 bad URL, 3 unreachable."""
     from inference import probe
-    from inference.engine_token import TokenFileError, read_token_file
 
     where, token_file = args.url, args.token_file
     if args.home is not None:  # the engine `affidavit up` runs for that home, and its token
@@ -232,14 +231,9 @@ def run_probe(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"affidavit: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        token = read_token_file(token_file) if token_file is not None else None
-    except FileNotFoundError:
-        print(f"affidavit: missing: no token file {token_file}", file=sys.stderr)
-        return EXIT_MISSING
-    except TokenFileError as exc:
-        print(f"affidavit: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    token = _engine_token(None if token_file is None else str(token_file))
+    if isinstance(token, int):
+        return token
     config = probe.ProbeConfig(
         url=url,
         model=args.model,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,15 +29,10 @@ from harness.state import Home
 from harness.up import TINY_MODEL, running_appliance
 from record.cli import home_store
 from record.schema import FetchResponse
+from tests.egress_proxy.test_fetch import _closed_port
 from tests.harness.rig import CLOCK, PINS, named
 
 POLICY = TurnPolicy(3, (named("web_search"), "none"))
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
