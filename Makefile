@@ -9,20 +9,23 @@ BIN    := $(VENV)/bin
 # initrd writer's archives are extracted by the real tool), qemu-system-x86 and ovmf (the
 # reduced enclave image is booted under TCG with OVMF; its own packages come by apt-get download),
 # squashfs-tools (the full image's application and model disks), faketime (the reproducibility
-# test moves the second build's wall clock), and what edk2 needs to build the AmdSev OVMF (a
-# cold clone's test builds it once, ~2 min, and checks it against the pin).
+# test moves the second build's wall clock), postgresql (the PostgreSQL store's tests initdb a
+# private cluster of their own; Debian's own cluster is never used), and what edk2 needs to
+# build the AmdSev OVMF (a cold clone's test builds it once, ~2 min, and checks it against the
+# pin).
 OVMF_DEPS := nasm acpica-tools uuid-dev patch dpkg-dev gcc make
 APT_PACKAGES := strace nftables iproute2 chromium cryptsetup-bin cpio qemu-system-x86 ovmf \
-	squashfs-tools faketime $(OVMF_DEPS)
+	squashfs-tools faketime postgresql $(OVMF_DEPS)
 
 .PHONY: demo test test-long lint typecheck unit model bench fuzz mutate system-deps clean image image-full ovmf \
 	release release-dry-run
 
-# The test and demo environment: the base package plus the engine and dev extras, with the
-# CPU build of torch pinned by constraints.txt (anything newer pulls a multi-GB CUDA build).
+# The test and demo environment: the base package plus the engine, dev, frameworks and postgres
+# extras, with the CPU build of torch pinned by constraints.txt (anything newer pulls a
+# multi-GB CUDA build).
 $(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[engine,dev,frameworks]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[engine,dev,frameworks,postgres]'
 	touch $@
 
 demo: $(BIN)/.installed model

@@ -19,8 +19,9 @@ torch for ``log verify``).
 
 from __future__ import annotations
 
+import copy
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Annotated, Any, Protocol, cast
 
@@ -34,7 +35,7 @@ from harness.state import HomeError
 from inference import cli as engine_cli
 from record import cli as record_cli
 
-__all__ = ["app", "build_app", "main"]
+__all__ = ["app", "build_app", "click_command", "main"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_MISSING = (
     record_cli.EXIT_OK,
@@ -64,6 +65,41 @@ def _click_exception() -> type[Exception]:
 
 
 _CLICK_EXCEPTION = _click_exception()
+
+_HOME_HELP = (
+    "taken by every command so that a script can pass its home to each; this one reads no "
+    "state folder, so it changes nothing here"
+)
+
+
+def _home_everywhere(tree: Any) -> Any:
+    """Give every command without ``--home`` one that it accepts and ignores.
+
+    ``--home`` is the one option every command takes (``docs/cli.md``): the commands that read
+    no state folder (``engine …``, ``image …``, ``attest verify``) accept it too, saying in
+    their help that it changes nothing there, so a script never has to know which is which.
+    The option is a copy of a harness command's own ``--home`` (typer builds its options with
+    private types), kept from reaching the command's function.
+    """
+    leaves = list(_leaves(tree))
+    model = next(p for c in leaves for p in c.params if getattr(p, "opts", None) == ["--home"])
+    for command in leaves:
+        if not any("--home" in getattr(p, "opts", ()) for p in command.params):
+            home = copy.copy(model)
+            home.expose_value = False
+            home.help = _HOME_HELP
+            command.params.append(home)
+    return tree
+
+
+def _leaves(command: Any) -> Iterator[Any]:
+    """Every command under ``command`` that runs something (groups have ``commands``)."""
+    subcommands = getattr(command, "commands", None)
+    if subcommands is None:
+        yield command
+        return
+    for sub in subcommands.values():
+        yield from _leaves(sub)
 
 
 def demo(
@@ -140,9 +176,14 @@ def _root(
 app = build_app()
 
 
+def click_command() -> Any:
+    """The click command ``main`` runs: ``app`` with ``--home`` on every command."""
+    return _home_everywhere(typer.main.get_command(app))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``affidavit`` with ``argv`` (default: ``sys.argv[1:]``) and return its exit code."""
-    command = typer.main.get_command(app)
+    command = click_command()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = command.main(args=args, prog_name="affidavit", standalone_mode=False)

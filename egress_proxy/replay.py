@@ -51,20 +51,20 @@ from egress_proxy.replay_plan import turn_bodies
 from egress_proxy.sessions import Session
 from egress_proxy.tool_config import FetchConfig
 from egress_proxy.transports.recorded import RecordedCall, RecordIndex, RecordTransport
+from record.backends import open_store
 from record.digest import Domain, digest, prompt_bytes
 from record.log import Appended
 from record.reader import StreamKeys
 from record.schema import FetchResponse, ModelRequest, ModelResponse, Strict
 from record.schema import parse_entry as parse_line
 from record.seal import KeyPair
-from record.sqlite_store import SQLiteStore
 
 __all__ = ["Reconstruction", "read_stream", "reconstruct_pipeline"]
 
 
 def read_stream(store_path: Path | str, stream: str, key: KeyPair) -> list[tuple[int, Strict]]:
     """Every body of ``stream`` in seq order, opened with ``key``; the store is opened read-only."""
-    store = SQLiteStore(store_path, readonly=True)
+    store = open_store(store_path, readonly=True)
     try:
         entries = [parse_line(stored.line) for stored in store.entries(stream)]
     finally:

@@ -27,12 +27,12 @@ _KIND = {"snp": "sev-snp", "tdx": "tdx", "nvidia": "nvidia-h100"}
 def _keys(home_dir: Path | None) -> tuple[str, bytes]:
     """The appliance's log verifier key and raw sealing public key."""
     from harness.state import Home, HomeMissing
+    from record.backends import open_store
     from record.seal import KeyPair
-    from record.sqlite_store import SQLiteStore
 
     home = Home.at(home_dir)
     appliance = home.appliance()
-    store = SQLiteStore(appliance.store, readonly=True)
+    store = open_store(appliance.store, readonly=True)
     try:
         log_key = store.get_meta("log_key")
     finally:

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from record.backends import StoreLocation
+
 __all__ = ["replay_calls"]
 
 
@@ -21,7 +23,7 @@ def replay_calls(
     session: str,
     seqs: list[int] | None,
     reconstruct: bool,
-    store: Path | None,
+    store: StoreLocation | None,
     key: Path | None,
     as_json: bool,
 ) -> int:
@@ -33,7 +35,7 @@ def replay_calls(
     try:
         opener = user_key(home, key)
         if reconstruct:
-            where = store if store is not None else Path(home.appliance().store)
+            where = store if store is not None else home.appliance().store
             bodies = read_bodies(where, session, opener)
             if not bodies:
                 _err(f"affidavit: the store holds no stream {session}")

@@ -19,6 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from harness.up import DEFAULT_MODEL
+from record.backends import StoreLocation, is_url, store_exists
 from record.cli import counted, home_store
 
 __all__ = ["EXIT_INTERRUPTED", "parse_tool_choices", "register", "session_status"]
@@ -36,6 +37,11 @@ KeyOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document")]
 SessionArg = Annotated[str, typer.Argument(metavar="SESSION", help="the session's id")]
+
+
+def _location(store: str) -> StoreLocation:
+    """``--store`` as given: a ``postgresql://`` URL stays text, anything else is a file."""
+    return store if is_url(store) else Path(store)
 
 
 def _home(home: Path | None) -> Any:
@@ -181,6 +187,16 @@ def register(app: typer.Typer) -> None:
                 "(mcpServers / servers JSON); secrets as ${VAR}",
             ),
         ] = None,
+        store: Annotated[
+            str | None,
+            typer.Option(
+                "--store",
+                metavar="STORE",
+                help="where the record goes: a SQLite file or a postgresql:// URL (no password "
+                "in it: ~/.pgpass or PGPASSWORD); kept in the home for later starts and readers "
+                "(default: record.db in the home)",
+            ),
+        ] = None,
     ) -> None:
         """Run the appliance here (engine or provider, proxy, control plane) until interrupted."""
         from harness.up import load_mcp_servers, serve_forever
@@ -193,7 +209,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 "give --provider-url and --model-name together", param_hint="--provider-url"
             )
-        options: dict[str, Any] = {"engine": model, "search_url": search_url}
+        options: dict[str, Any] = {"engine": model, "search_url": search_url, "store": store}
         if fetch_allow:
             options["fetch_allow"] = tuple(fetch_allow)
         if mcp_config is not None:
@@ -433,9 +449,11 @@ def register(app: typer.Typer) -> None:
             ),
         ] = False,
         store: Annotated[
-            Path | None,
+            str | None,
             typer.Option(
-                metavar="STORE", help="the record store (reconstruct; default: the home's store)"
+                metavar="STORE",
+                help="the record store, a file or a postgresql:// URL (reconstruct; default: "
+                "the home's store)",
             ),
         ] = None,
         pin: Annotated[
@@ -463,10 +481,11 @@ def register(app: typer.Typer) -> None:
 
             if pin:
                 raise typer.BadParameter("--pin is for turns", param_hint="--pin")
-            if reconstruct and store is None:  # the home's store: no appliance needed
-                store = home_store(_home(home).root)
+            where: StoreLocation | None = None if store is None else _location(store)
+            if reconstruct and where is None:  # the home's store: no appliance needed
+                where = home_store(_home(home).root)
             raise typer.Exit(
-                replay_calls(_home(home), session, numbers, reconstruct, store, key, as_json)
+                replay_calls(_home(home), session, numbers, reconstruct, where, key, as_json)
             )
         if numbers is None or len(numbers) != 1:
             raise typer.BadParameter("give one TURN (or --calls [SEQ...])", param_hint="TURN")
@@ -477,8 +496,8 @@ def register(app: typer.Typer) -> None:
             if reconstruct:
                 from harness.reconstruct import reconstruct_turn
 
-                where = store if store is not None else home_store(h.root)
-                if not where.is_file():
+                where = _location(store) if store is not None else home_store(h.root)
+                if not store_exists(where):
                     raise HomeMissing(f"record store {where} does not exist")
                 bodies = read_bodies(where, session, opener)
                 require_turn(bodies, session, turn)  # an unknown session or turn: 3

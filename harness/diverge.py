@@ -44,6 +44,7 @@ from typing import Annotated, Any
 import typer
 
 from harness.state import Home, HomeMissing
+from record.backends import store_exists
 from record.cli import (
     EXIT_MISSING,
     EXIT_OK,
@@ -138,14 +139,14 @@ class _Scanned:
 def _scan(store_path: Path | str, key: KeyPair) -> dict[str, _Scanned]:
     """Every stream's labels, recipients and ``turn.started`` envelopes, without opening a
     body (``stream.opened`` and ``key.rotated`` are clear; the rest is read from envelopes)."""
+    from record.backends import is_url, open_store
     from record.schema import KeyRotated, StreamOpened, parse_body, parse_entry
-    from record.sqlite_store import SQLiteStore
 
-    if not Path(store_path).is_file():
+    if not is_url(store_path) and not Path(store_path).is_file():
         raise HomeMissing(f"record store {store_path} does not exist")
     mine = key.recipient.text()
     scanned: dict[str, _Scanned] = {}
-    store = SQLiteStore(store_path, readonly=True)
+    store = open_store(store_path, readonly=True)
     try:
         for stream in store.streams():
             found = _Scanned({}, False, [])
@@ -655,7 +656,7 @@ def diverge(
     _check_webhook(webhook)
     state = Home.at(home)
     if reconstruct_only:  # the record alone: a missing store must not make a user.key
-        if not home_store(state.root).is_file():
+        if not store_exists(home_store(state.root)):
             raise HomeMissing(f"record store {home_store(state.root)} does not exist")
     else:
         try:

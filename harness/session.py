@@ -34,6 +34,7 @@ from harness.state import (
     TurnUnknown,
 )
 from harness.tools import ProxyToolbox, ToolSpec
+from record.backends import store_exists
 from record.digest import Domain, digest
 from record.errors import CannotOpen
 from record.schema import (
@@ -172,7 +173,7 @@ def append_event(home: Home, session_id: str, body: Strict) -> int:
 def read_bodies(store: Path | str, stream: str, key: KeyPair) -> list[tuple[int, Strict]]:
     from egress_proxy.replay import read_stream
 
-    if not Path(store).is_file():
+    if not store_exists(store):
         raise HomeMissing(f"record store {store} does not exist")
     try:
         return read_stream(store, stream, key)
@@ -185,9 +186,9 @@ def read_bodies(store: Path | str, stream: str, key: KeyPair) -> list[tuple[int,
 def has_stream(store: Path | str, stream: str) -> bool:
     """Whether the store holds any entry of ``stream`` (to tell a mistyped id from a stream
     sealed to other keys)."""
-    from record.sqlite_store import SQLiteStore
+    from record.backends import open_store
 
-    opened = SQLiteStore(store, readonly=True)
+    opened = open_store(store, readonly=True)
     try:
         return opened.size(stream) > 0
     finally:

@@ -39,8 +39,11 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from harness.state import Appliance, Home, HomeInUse, HomeLock, write_atomic
+from record.backends import StoreLocation, is_url, store_name
+from record.cli import SIGNING_KEY_FILE, STORE_FILE, home_store
 
 if TYPE_CHECKING:
     from egress_proxy.server import ProxyServer
@@ -115,6 +118,11 @@ def _engine_tool(*args: str) -> str:
         _engine_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as process:
         assert process.stdout is not None and process.stderr is not None
+        # stdout is read on its own thread: a child that fills the stdout pipe while this
+        # one waits on stderr would otherwise block both for ever.
+        stdout, out_chunks = process.stdout, list[bytes]()
+        reader = threading.Thread(target=lambda: out_chunks.append(stdout.read()), daemon=True)
+        reader.start()
         said: list[str] = []
         for raw in process.stderr:
             line = raw.decode("utf-8", "replace").rstrip("\n")
@@ -122,7 +130,8 @@ def _engine_tool(*args: str) -> str:
                 said.append(line.removeprefix("affidavit: ").removeprefix("error: "))
             else:
                 print(line, file=sys.stderr, flush=True)
-        out = process.stdout.read()
+        reader.join()
+        out = b"".join(out_chunks)
     code = process.returncode
     if code == 0:
         return out.decode("utf-8", "replace")
@@ -266,6 +275,7 @@ def running_appliance(
     clock: str | None = None,
     provider: Mapping[str, Any] | None = None,
     model: str | None = None,
+    store: str | None = None,
 ) -> Iterator[RunningAppliance]:
     """Engine, proxy and control plane, running until the block ends. ``engine`` is the
     embedded engine's model (:func:`engine_model`). ``clock`` fixes the instant the proxy
@@ -275,7 +285,10 @@ def running_appliance(
     provider's model, or the id the engine serves its model under (default: from
     :func:`engine_model`). ``fetch_allow``: networks the fetch endpoint may reach although its
     rule refuses them (a loopback web: ``("127.0.0.1/32",)``; ``docs/proxy.md`` §10).
-    ``HomeInUse`` when another appliance holds ``home`` (its ``up.lock``)."""
+    ``store``: where the record goes, a SQLite file or a ``postgresql://`` URL (default, and
+    until another is given: ``record.db`` in the home); kept in the home's ``store`` file, so
+    that readers find it with no ``up`` running. ``HomeInUse`` when another appliance holds
+    ``home`` (its ``up.lock``)."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -326,8 +339,12 @@ def running_appliance(
                 **({"mcp_servers": servers} if servers else {}),
             }
         )
-        store = home.root / "record.db"
-        log = stack.enter_context(Log.open(store, appliance_key=appliance_key))
+        location, signing_key = _record_store(home, store)
+        log = stack.enter_context(
+            Log.open(location, signing_key=signing_key, appliance_key=appliance_key)
+        )
+        if store is not None:  # opened: from now on the home's store
+            write_atomic(home.root / STORE_FILE, f"{store}\n".encode(), 0o600)
         socket_path = home.root / "control.sock"
         say("starting the egress proxy")
         fixed = Clock.fixed(clock) if clock is not None else None
@@ -353,7 +370,7 @@ def running_appliance(
         appliance = Appliance(
             proxy_url=proxy.url,
             control_socket=str(socket_path),
-            store=str(store),
+            store=str(location),
             model=model,
             api="anthropic" if api == "anthropic" else "openai",
             engine_url=running.url if running is not None else None,
@@ -474,6 +491,25 @@ def load_mcp_servers(path: Path, env: Mapping[str, str] | None = None) -> dict[s
     return servers
 
 
+def _record_store(home: Home, store: str | None) -> tuple[StoreLocation, Path | None]:
+    """The record's store and, for a database, its signing key's file in the home.
+
+    A ``--store`` given is written to the home's ``store`` file once it opens, and later
+    starts and every reader then use it; without one, the file's store, else ``record.db``. A
+    URL carrying a password is refused: the URL is kept in the home, so the password belongs
+    in libpq's ``~/.pgpass`` or ``PGPASSWORD``.
+    """
+    from egress_proxy.errors import ConfigError
+
+    if store is not None and is_url(store) and urlsplit(store).password:
+        raise ConfigError(
+            "--store: keep the password out of the URL (it is written to the home): "
+            "use ~/.pgpass or PGPASSWORD"
+        )
+    location = home_store(home.root) if store is None else (store if is_url(store) else Path(store))
+    return location, home.root / SIGNING_KEY_FILE if is_url(location) else None
+
+
 def serve_forever(home: Home, **options: Any) -> int:
     """Run the appliance until SIGINT or SIGTERM."""
     import sys
@@ -489,7 +525,10 @@ def serve_forever(home: Home, **options: Any) -> int:
         ) as up:
             a = up.appliance
             print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
-            print(f"record {a.store}; state in {home.root}. Ctrl-C stops it.", flush=True)
+            print(
+                f"record {store_name(a.store)}; state in {home.root}. Ctrl-C stops it.",
+                flush=True,
+            )
             stop.wait()
     except EngineStartError as exc:  # its model (3; 1: a changed file, refused) or its process
         print(f"affidavit: cannot start the engine: {exc}", file=sys.stderr)

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from record import merkle
+from record.backends import open_store, store_label
 from record.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -74,7 +75,6 @@ from record.schema import (
     parse_head,
 )
 from record.seal import KeyPair
-from record.sqlite_store import SQLiteStore
 
 #: At most this many problems of one code are listed per stream; the rest are counted.
 _PER_CODE_LIMIT = 50
@@ -403,7 +403,7 @@ def _check_opening(
                 out.add(
                     "checkpoint_invalid",
                     entry.seq,
-                    f"the stream names log key {body.log_key}, the log has {log_key}",
+                    f"the stream names log key {body.log_key}, not {log_key}, the key it is checked against",
                 )
             elif origin is not None and body.origin != origin:
                 out.add(
@@ -571,19 +571,20 @@ def verify_store(
     log_key: str | None = None,
     allow_unsigned_tail: bool = False,
 ) -> Report:
-    """Audit every stream of a SQLite store. ``kept``: checkpoint notes a user saved earlier.
+    """Audit every stream of a store (a SQLite file or a PostgreSQL URL). ``kept``: checkpoint
+    notes a user saved earlier.
 
     ``allow_unsigned_tail``: entries after a stream's last checkpoint are counted in
     ``Report.unsigned`` but not reported as problems (a store from before every commit batch
     was signed).
     """
-    store = SQLiteStore(path, readonly=True)
+    store = open_store(path, readonly=True)
     try:
         log_key = log_key or store.get_meta("log_key")
         report = Report(allow_unsigned_tail=allow_unsigned_tail)
         streams = store.streams()
         routed = _route_kept(kept, streams)
-        name = Path(path).name
+        name = store_label(path)
         for stream in streams:
             count = store.size(stream)
             rows = (Row(e.line, e.seq, e.leaf_hash, name) for e in store.entries(stream))

@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from record.audit import Problem, Report, Row, check_stream
+from record.backends import open_store
 from record.errors import StoreMissing, UnknownStream
 from record.schema import CLEAR_KINDS, SCHEMA_VERSION, parse_entry
 from record.seal import KeyPair
-from record.sqlite_store import SQLiteStore
+from record.store import LogStore
 
 FORMAT = "affidavit-bundle/v1"
 ENTRIES = "entries.jsonl"
@@ -49,7 +50,7 @@ def export_stream(store_path: Path | str, stream: str, out: Path | str) -> dict[
     """Write the bundle of ``stream`` into ``out`` (created; must be empty if it exists), with
     a nested bundle of every boot-evidence stream of the store under ``boot/<stream>/``."""
     out = Path(out)
-    store = SQLiteStore(store_path, readonly=True)
+    store = open_store(store_path, readonly=True)
     try:
         if store.size(stream) == 0:
             raise UnknownStream(f"store {store_path} holds no stream {stream!r}")
@@ -64,7 +65,7 @@ def export_stream(store_path: Path | str, stream: str, out: Path | str) -> dict[
         store.close()
 
 
-def boot_streams(store: SQLiteStore) -> list[str]:
+def boot_streams(store: LogStore) -> list[str]:
     """The streams whose clear ``stream.opened`` carries :data:`BOOT_LABEL`: the appliance's
     boot evidence. Readable without a key; a stream name that cannot be a folder is left out."""
     found: list[str] = []
@@ -82,7 +83,7 @@ def boot_streams(store: SQLiteStore) -> list[str]:
     return found
 
 
-def _write_stream(store: SQLiteStore, stream: str, out: Path, boot: list[str]) -> dict[str, Any]:
+def _write_stream(store: LogStore, stream: str, out: Path, boot: list[str]) -> dict[str, Any]:
     """One stream's files (entries, checkpoints, evidence, keys, index) into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     count = 0

@@ -33,6 +33,7 @@ import uuid6
 from pydantic import TypeAdapter
 
 from record import merkle
+from record.backends import is_url, open_store
 from record.checkpoint import Checkpoint, Signer, log_origin, sign_checkpoint
 from record.digest import Domain, canonical_json, digest
 from record.errors import CannotOpen, RecordError, UnknownStream
@@ -52,7 +53,6 @@ from record.schema import (
     utc_timestamp,
 )
 from record.seal import KeyPair, RecipientKey, new_data_key, seal_buffer
-from record.sqlite_store import SQLiteStore
 from record.store import (
     LogStore,
     PendingCheckpoint,
@@ -170,16 +170,26 @@ class Log:
     @classmethod
     def open(
         cls,
-        path: Path | str,
+        location: Path | str,
         *,
         signing_key: Path | None = None,
         appliance_key: KeyPair | None = None,
     ) -> Log:
-        """Open (or create) a SQLite store and its log signing key (0600, created at first start)."""
-        path = Path(path)
-        key_path = signing_key or path.with_name(path.name + ".signing-key")
+        """Open (or create) a store and its log signing key (0600, created at first start).
+
+        ``location``: a SQLite file, whose key defaults to ``<file>.signing-key`` beside it, or
+        a PostgreSQL URL, which needs ``signing_key``: the key is this appliance's, kept on
+        its own disk, never in the shared database.
+        """
+        if is_url(location):
+            if signing_key is None:
+                raise ValueError("a PostgreSQL store needs signing_key: the log key's file")
+            key_path = signing_key
+        else:
+            path = Path(location)
+            key_path = signing_key or path.with_name(path.name + ".signing-key")
         signer = Signer.load_or_create(key_path, LOG_KEY_NAME)
-        return cls(SQLiteStore(path), signer, appliance_key=appliance_key)
+        return cls(open_store(location), signer, appliance_key=appliance_key)
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -246,6 +256,8 @@ class Log:
 
     def checkpoint(self, stream: str) -> StoredCheckpoint:
         """Sign a checkpoint of the stream's current tree now, on demand."""
+        if self._closed:  # no writer thread is left to answer the request
+            raise RecordError("the log is closed")
         self._state(stream)
         request = _Request(stream, "", b"")
         self._queue.put(request)

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from record.backends import open_store
 from record.errors import CannotOpen, SchemaError, UnknownStream
 from record.reader import StreamKeys
 from record.redact import RedactionRules
 from record.schema import Strict, parse_entry
 from record.seal import KeyPair
-from record.sqlite_store import SQLiteStore
 
 
 def readable(body: Strict) -> dict[str, Any]:
@@ -51,7 +51,7 @@ def show_stream(
 ) -> Iterator[str]:
     """Yield one printable line (or JSON object) per entry of ``stream``."""
     rules = rules or RedactionRules()
-    store = SQLiteStore(store_path, readonly=True)
+    store = open_store(store_path, readonly=True)
     try:
         entries = [parse_entry(e.line) for e in store.entries(stream)]
         if not entries:

@@ -26,6 +26,7 @@ from record.store import (
     StoredCheckpoint,
     StoredEntry,
     check_evidence_name,
+    write_batch,
 )
 
 _SCHEMA = """
@@ -66,6 +67,34 @@ CREATE TRIGGER IF NOT EXISTS checkpoints_no_delete BEFORE DELETE ON checkpoints
 PAGE_SIZE = 16384
 DURABILITY_PRAGMAS = {"journal_mode": "wal", "synchronous": 2}  # 2 = FULL
 
+# The statements, named once here (module constants, out of the functions a mutation run
+# changes: SQLite reads keywords in any case, so each case mutant would be equivalent).
+_WRITER_PRAGMAS = (
+    f"PRAGMA page_size={PAGE_SIZE}",
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    "PRAGMA fullfsync=ON",  # macOS: F_FULLFSYNC; a no-op elsewhere
+)
+_WAIT_FOR_LOCKS = "PRAGMA busy_timeout=10000"
+_MAP_READS = "PRAGMA mmap_size=268435456"  # audits read every byte: map, don't copy
+_NO_WAIT = "PRAGMA busy_timeout=0"
+_LEAVE_WAL = "PRAGMA journal_mode=DELETE"
+_BEGIN, _COMMIT, _ROLLBACK = "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK"
+_INSERT_EVIDENCE = "INSERT INTO evidence (stream, name, data) VALUES (?, ?, ?)"
+_INSERT_ENTRY = "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (?, ?, ?, ?)"
+_INSERT_CHECKPOINT = "INSERT INTO checkpoints (stream, size, note) VALUES (?, ?, ?)"
+_INSERT_META = "INSERT INTO meta (key, value) VALUES (?, ?)"
+_SIZE = "SELECT COALESCE(MAX(seq) + 1, 0) FROM entries WHERE stream = ?"
+_META = "SELECT value FROM meta WHERE key = ?"
+_ENTRIES = (
+    "SELECT seq, line, leaf_hash FROM entries WHERE stream = ? AND seq >= ?"
+    " AND (? < 0 OR seq < ?) ORDER BY seq"
+)
+_STREAMS = "SELECT stream FROM entries UNION SELECT stream FROM checkpoints ORDER BY stream"
+_LEAF_HASHES = "SELECT leaf_hash FROM entries WHERE stream = ? AND (? < 0 OR seq < ?) ORDER BY seq"
+_CHECKPOINTS = "SELECT size, note FROM checkpoints WHERE stream = ? ORDER BY id"
+_EVIDENCE = "SELECT name, data FROM evidence WHERE stream = ? ORDER BY name"
+
 
 class SQLiteStore(LogStore):
     """A store in one SQLite file. ``readonly=True`` opens an existing file for audit."""
@@ -93,13 +122,11 @@ class SQLiteStore(LogStore):
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             # Entries are kilobytes each: big pages keep a line in one page instead of a chain
             # of overflow pages, which is what an audit pays for. Only takes effect on a new file.
-            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA fullfsync=ON")  # macOS: F_FULLFSYNC; a no-op elsewhere
-        conn.execute("PRAGMA busy_timeout=10000")
+            for pragma in _WRITER_PRAGMAS:
+                conn.execute(pragma)
+        conn.execute(_WAIT_FOR_LOCKS)
         if readonly:
-            conn.execute("PRAGMA mmap_size=268435456")  # audits read every byte: map, don't copy
+            conn.execute(_MAP_READS)
         return conn
 
     def _reader(self) -> sqlite3.Connection:
@@ -110,6 +137,13 @@ class SQLiteStore(LogStore):
             with self._readers_lock:
                 self._readers.append(conn)
         return conn
+
+    def _writable(self) -> sqlite3.Connection:
+        """The writer's connection, or why there is none: opened read-only, or closed."""
+        if self._writer is None:
+            why = "opened read-only" if self.readonly else "closed"
+            raise PermissionError(f"store {self.path} was {why}")
+        return self._writer
 
     def writer_pragmas(self) -> dict[str, object]:
         """The durability settings in force on the writer's connection."""
@@ -127,87 +161,44 @@ class SQLiteStore(LogStore):
         checkpoints: Sequence[PendingCheckpoint] = (),
         on_built: Callable[[StoredEntry], None] | None = None,
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
-        conn = self._writer
-        if conn is None:
-            raise PermissionError(f"store {self.path} was opened read-only")
-        next_seq: dict[str, int] = {}
-        stored: list[StoredEntry] = []
-        signed: list[StoredCheckpoint] = []
-        conn.execute("BEGIN IMMEDIATE")
+        conn = self._writable()
+        conn.execute(_BEGIN)
         try:
-            for pending in entries:
-                seq = next_seq.get(pending.stream)
-                if seq is None:
-                    seq = self._size(conn, pending.stream)
-                line, leaf = pending.build(seq)
-                if pending.evidence is not None:
-                    name, data = pending.evidence
-                    check_evidence_name(name)
-                    conn.execute(
-                        "INSERT INTO evidence (stream, name, data) VALUES (?, ?, ?)",
-                        (pending.stream, name, data),
-                    )
-                conn.execute(
-                    "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (?, ?, ?, ?)",
-                    (pending.stream, seq, line, leaf),
-                )
-                next_seq[pending.stream] = seq + 1
-                entry = StoredEntry(pending.stream, seq, line, leaf)
-                stored.append(entry)
-                if on_built is not None:
-                    on_built(entry)
-            for cp in checkpoints:
-                size = next_seq.get(cp.stream)
-                if size is None:
-                    size = self._size(conn, cp.stream)
-                note = cp.sign(size)
-                conn.execute(
-                    "INSERT INTO checkpoints (stream, size, note) VALUES (?, ?, ?)",
-                    (cp.stream, size, note),
-                )
-                signed.append(StoredCheckpoint(cp.stream, size, note))
-            conn.execute("COMMIT")
+            written = write_batch(_Batch(conn), entries, checkpoints, on_built)
+            conn.execute(_COMMIT)
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.execute(_ROLLBACK)
             raise
-        return stored, signed
+        return written
 
     @staticmethod
     def _size(conn: sqlite3.Connection, stream: str) -> int:
-        row = conn.execute(
-            "SELECT COALESCE(MAX(seq) + 1, 0) FROM entries WHERE stream = ?", (stream,)
-        ).fetchone()
+        row = conn.execute(_SIZE, (stream,)).fetchone()
         return int(row[0])
 
     def set_meta(self, key: str, value: str) -> None:
-        conn = self._writer
-        if conn is None:
-            raise PermissionError(f"store {self.path} was opened read-only")
-        conn.execute("BEGIN IMMEDIATE")
+        conn = self._writable()
+        conn.execute(_BEGIN)
         try:
-            row = conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            row = conn.execute(_META, (key,)).fetchone()
             if row is None:
-                conn.execute("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
+                conn.execute(_INSERT_META, (key, value))
             elif row[0] != value:
                 raise ValueError(f"store {self.path}: {key} is already {row[0]!r}")
-            conn.execute("COMMIT")
+            conn.execute(_COMMIT)
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.execute(_ROLLBACK)
             raise
 
     def archive_evidence(self, stream: str, name: str, data: bytes) -> None:
-        conn = self._writer
-        if conn is None:
-            raise PermissionError(f"store {self.path} was opened read-only")
+        conn = self._writable()
         check_evidence_name(name)
-        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(_BEGIN)
         try:
-            conn.execute(
-                "INSERT INTO evidence (stream, name, data) VALUES (?, ?, ?)", (stream, name, data)
-            )
-            conn.execute("COMMIT")
+            conn.execute(_INSERT_EVIDENCE, (stream, name, data))
+            conn.execute(_COMMIT)
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.execute(_ROLLBACK)
             raise
 
     # -- reading -------------------------------------------------------------------------------
@@ -216,19 +207,13 @@ class SQLiteStore(LogStore):
         self, stream: str, start: int = 0, stop: int | None = None
     ) -> Iterator[StoredEntry]:
         stop = -1 if stop is None else stop
-        cur = self._reader().execute(
-            "SELECT seq, line, leaf_hash FROM entries WHERE stream = ? AND seq >= ?"
-            " AND (? < 0 OR seq < ?) ORDER BY seq",
-            (stream, start, stop, stop),
-        )
+        cur = self._reader().execute(_ENTRIES, (stream, start, stop, stop))
         for seq, line, leaf in cur:
             yield StoredEntry(stream, seq, bytes(line), bytes(leaf))
 
     def streams(self) -> list[str]:
         # A stream whose entries were all deleted still has its checkpoints: list it too.
-        rows = self._reader().execute(
-            "SELECT stream FROM entries UNION SELECT stream FROM checkpoints ORDER BY stream"
-        )
+        rows = self._reader().execute(_STREAMS)
         return [r[0] for r in rows]
 
     def size(self, stream: str) -> int:
@@ -236,26 +221,19 @@ class SQLiteStore(LogStore):
 
     def leaf_hashes(self, stream: str, stop: int | None = None) -> list[bytes]:
         stop = -1 if stop is None else stop
-        rows = self._reader().execute(
-            "SELECT leaf_hash FROM entries WHERE stream = ? AND (? < 0 OR seq < ?) ORDER BY seq",
-            (stream, stop, stop),
-        )
+        rows = self._reader().execute(_LEAF_HASHES, (stream, stop, stop))
         return [bytes(r[0]) for r in rows]
 
     def checkpoints(self, stream: str) -> list[StoredCheckpoint]:
-        rows = self._reader().execute(
-            "SELECT size, note FROM checkpoints WHERE stream = ? ORDER BY id", (stream,)
-        )
+        rows = self._reader().execute(_CHECKPOINTS, (stream,))
         return [StoredCheckpoint(stream, int(size), bytes(note)) for size, note in rows]
 
     def evidence(self, stream: str) -> list[tuple[str, bytes]]:
-        rows = self._reader().execute(
-            "SELECT name, data FROM evidence WHERE stream = ? ORDER BY name", (stream,)
-        )
+        rows = self._reader().execute(_EVIDENCE, (stream,))
         return [(str(name), bytes(data)) for name, data in rows]
 
     def get_meta(self, key: str) -> str | None:
-        row = self._reader().execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        row = self._reader().execute(_META, (key,)).fetchone()
         return None if row is None else str(row[0])
 
     def close(self) -> None:
@@ -285,7 +263,28 @@ class SQLiteStore(LogStore):
         mode: then nothing is changed, and nothing waits.
         """
         try:
-            conn.execute("PRAGMA busy_timeout=0")
-            conn.execute("PRAGMA journal_mode=DELETE")
+            conn.execute(_NO_WAIT)
+            conn.execute(_LEAVE_WAL)
         except sqlite3.OperationalError:
             pass  # busy: someone else has the store open; it stays in WAL mode
+
+
+class _Batch:
+    """The writer's open transaction, as ``write_batch`` writes a batch into it."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def size(self, stream: str) -> int:
+        return SQLiteStore._size(self._conn, stream)
+
+    def insert_evidence(self, stream: str, name: str, data: bytes) -> None:
+        self._conn.execute(_INSERT_EVIDENCE, (stream, name, data))
+
+    def insert_entry(self, entry: StoredEntry) -> None:
+        self._conn.execute(_INSERT_ENTRY, (entry.stream, entry.seq, entry.line, entry.leaf_hash))
+
+    def insert_checkpoint(self, checkpoint: StoredCheckpoint) -> None:
+        self._conn.execute(
+            _INSERT_CHECKPOINT, (checkpoint.stream, checkpoint.size, checkpoint.note)
+        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,61 @@ class PendingCheckpoint:
 
     stream: str
     sign: Callable[[int], bytes]
+
+
+class BatchTarget(Protocol):
+    """One open write transaction of a backend, as :func:`write_batch` uses it."""
+
+    def size(self, stream: str) -> int:
+        """The stream's next ``seq``, as this transaction sees it (its own inserts too)."""
+        ...
+
+    def insert_evidence(self, stream: str, name: str, data: bytes) -> None: ...
+
+    def insert_entry(self, entry: StoredEntry) -> None: ...
+
+    def insert_checkpoint(self, checkpoint: StoredCheckpoint) -> None: ...
+
+
+def write_batch(
+    target: BatchTarget,
+    entries: Sequence[PendingEntry],
+    checkpoints: Sequence[PendingCheckpoint],
+    on_built: Callable[[StoredEntry], None] | None,
+) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
+    """The contract's one way to write a batch, inside the backend's open transaction.
+
+    Each entry gets the next ``seq`` of its stream (read once from the transaction, then
+    counted here), is built for it, and is inserted with its evidence, if any; each
+    checkpoint is then signed over its stream's size after the batch. Every backend calls
+    this, so ``seq`` is assigned the same way whatever holds the rows.
+    """
+    next_seq: dict[str, int] = {}
+    stored: list[StoredEntry] = []
+    signed: list[StoredCheckpoint] = []
+    for pending in entries:
+        seq = next_seq.get(pending.stream)
+        if seq is None:
+            seq = target.size(pending.stream)
+        line, leaf = pending.build(seq)
+        if pending.evidence is not None:
+            name, data = pending.evidence
+            check_evidence_name(name)
+            target.insert_evidence(pending.stream, name, data)
+        entry = StoredEntry(pending.stream, seq, line, leaf)
+        target.insert_entry(entry)
+        next_seq[pending.stream] = seq + 1
+        stored.append(entry)
+        if on_built is not None:
+            on_built(entry)
+    for cp in checkpoints:
+        size = next_seq.get(cp.stream)
+        if size is None:
+            size = target.size(cp.stream)
+        checkpoint = StoredCheckpoint(cp.stream, size, cp.sign(size))
+        target.insert_checkpoint(checkpoint)
+        signed.append(checkpoint)
+    return stored, signed
 
 
 class LogStore(ABC):

@@ -166,6 +166,22 @@ TARGETS: dict[str, Target] = {
             T + "record/test_signed_tail.py",
         ),
     ),
+    # the writer in process on real files, word for word first (a second or two), then the
+    # evidence archive, sealing and the signed tail's in-process tests; not test_signed_tail.py's
+    # `log verify` subprocess runs, nor test_crash_safety.py's killed writers
+    "record/log.py": Target(
+        ("record/log.py",),
+        (
+            T + "record/test_log_mutants.py",
+            T + "record/test_evidence_archive.py",
+            T + "record/test_seal.py",
+            T
+            + "record/test_signed_tail.py::test_every_append_is_covered_and_a_batch_costs_one_signature",
+            T
+            + "record/test_signed_tail.py::test_a_skipped_key_epoch_is_malformed_for_the_audit_and_the_reader",
+            T + "record/test_signed_tail.py::test_consecutive_key_epochs_are_fine",
+        ),
+    ),
     # not record/errors.py: class constants and one f-string that mutmut 3 leaves alone, so it
     # makes no mutant there (and stops, failing the run); test_errors_mutants.py pins each code
     # `keys` and `log` in process on stores written with Log (seconds); not test_cli.py's

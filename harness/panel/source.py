@@ -18,14 +18,23 @@ from typing import Literal
 from harness.state import Home, HomeMissing
 from record import merkle
 from record.audit import Problem, Row, audit_stream
+from record.backends import (
+    StoreLocation,
+    is_url,
+    open_store,
+    store_exists,
+    store_label,
+    store_name,
+)
 from record.bundle import CHECKPOINTS, ENTRIES, INDEX, LOG_KEY
 from record.checkpoint import Checkpoint, CheckpointError, Verifier, log_origin, open_checkpoint
+from record.cli import home_store
 from record.errors import CannotOpen, SchemaError, StoreMissing, UnknownStream
 from record.reader import StreamKeys
 from record.redact import RedactionRules
 from record.schema import Entry, StreamOpened, Strict, parse_entry
 from record.seal import KeyPair
-from record.sqlite_store import SQLiteStore
+from record.store import LogStore
 
 __all__ = [
     "ApplianceSource",
@@ -298,8 +307,8 @@ class Source:
         """Why no replay can run from this panel at all (None: it can)."""
         raise NotImplementedError
 
-    def store_path(self) -> Path:
-        """The path ``reconstruct_turn`` is handed (with the bodies read here)."""
+    def store_path(self) -> StoreLocation:
+        """The store ``reconstruct_turn`` is handed (with the bodies read here)."""
         raise NotImplementedError
 
     def export_to(self, stream: str, out: Path) -> Path:
@@ -316,21 +325,22 @@ class ApplianceSource(Source):
         self.home = self.state = home
         self._key = key
 
-    def store_path(self) -> Path:
+    def store_path(self) -> StoreLocation:
         try:
-            return Path(self.state.appliance().store)
+            named = self.state.appliance().store
         except HomeMissing:
-            fallback = self.state.root / "record.db"
-            if fallback.is_file():
+            fallback = home_store(self.state.root)  # `up --store URL`'s, else record.db
+            if store_exists(fallback):
                 return fallback
             raise
+        return named if is_url(named) else Path(named)
 
     def describe(self) -> str:
-        return f"the appliance's record {self.store_path()} (read-only)"
+        return f"the appliance's record {store_name(self.store_path())} (read-only)"
 
-    def _store(self) -> SQLiteStore:
+    def _store(self) -> LogStore:
         try:
-            return SQLiteStore(self.store_path(), readonly=True)
+            return open_store(self.store_path(), readonly=True)
         except StoreMissing as exc:
             raise HomeMissing(str(exc)) from None
 
@@ -346,7 +356,7 @@ class ApplianceSource(Source):
             raise UnknownStream(f"{stream!r} is not a stream name")
         store = self._store()
         try:
-            name = store.path.name
+            name = store_label(self.store_path())
             rows = [Row(e.line, e.seq, e.leaf_hash, name) for e in store.entries(stream)]
             notes = [c.note for c in store.checkpoints(stream)]
             if not rows and not notes:

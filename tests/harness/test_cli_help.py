@@ -17,7 +17,7 @@ import pytest
 import typer
 
 import affidavit.cli
-from affidavit.cli import app, build_app, main
+from affidavit.cli import app, build_app, click_command, main
 from record.errors import StoreMissing, UnknownStream
 
 
@@ -75,6 +75,35 @@ def test_help_shows_readable_metavars(
     assert main([*path, "--help"]) == 0
     out = capsys.readouterr().out
     assert "<list[" not in out and "<dict[" not in out, out
+
+
+LEAVES = [
+    (path, command)
+    for path, command in _walk(click_command())
+    if path and not hasattr(command, "commands")
+]
+
+
+@pytest.mark.parametrize(("path", "command"), LEAVES, ids=[" ".join(p) for p, _ in LEAVES])
+def test_every_command_takes_home(
+    path: tuple[str, ...], command: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--home`` on every command, in its help, so a script can pass it to each."""
+    assert main([*path, "--home", "somewhere", "--help"]) == 0
+    assert "--home" in capsys.readouterr().out
+
+
+def test_home_changes_nothing_where_no_home_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A command that reads no state folder prints the same with and without ``--home``, and
+    makes no folder for it."""
+    assert main(["attest", "policy", "--show", "--json"]) == 0
+    plain = capsys.readouterr().out
+    home = tmp_path / "home"
+    assert main(["attest", "policy", "--show", "--json", "--home", str(home)]) == 0
+    assert capsys.readouterr().out == plain
+    assert not home.exists()
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -139,3 +139,19 @@ def test_the_engine_does_not_outlive_a_killed_up(tmp_path: Path) -> None:
         again.send_signal(signal.SIGTERM)
         again.communicate(timeout=60)
     assert again.returncode == 0
+
+
+def test_an_engine_tool_with_a_long_stdout_and_stderr_does_not_block(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``up`` runs ``affidavit engine pull`` and reads its progress from stderr as it comes:
+    a child that writes more than a pipe holds to stdout first must not block both."""
+    from harness import up
+
+    script = (
+        "import sys; sys.stdout.write('x' * 300_000); sys.stdout.flush(); "
+        "print('progress 1 of 1', file=sys.stderr)"
+    )
+    monkeypatch.setattr(up, "_engine_command", lambda *args: [sys.executable, "-c", script])
+    assert up._engine_tool("pull", "anything") == "x" * 300_000
+    assert capsys.readouterr().err == "progress 1 of 1\n"

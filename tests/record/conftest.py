@@ -18,6 +18,7 @@ from record.schema import (
     TurnEnded,
     TurnStarted,
 )
+from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
 #: ``write_turn(log, stream, turn, tag=b"", wrong_digest=False) -> [Appended, ...]``
 WriteTurn = Callable[..., list[Appended]]

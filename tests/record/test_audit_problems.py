@@ -282,7 +282,7 @@ def test_the_opening_names_another_log_key(written: Written) -> None:
     audit = written.check(log_key=other)
     assert _of(audit, "checkpoint_invalid")[0] == (
         0,
-        f"the stream names log key {written.log_key}, the log has {other}",
+        f"the stream names log key {written.log_key}, not {other}, the key it is checked against",
     )
 
 

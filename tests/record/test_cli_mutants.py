@@ -439,3 +439,228 @@ def test_register_adds_keys_and_log() -> None:
     assert sorted(getattr(groups["log"], "commands", {})) == [
         "checkpoint", "export", "key", "show", "verify",
     ]  # fmt: skip
+
+
+# -- survivors of the first mutation run -----------------------------------------------------
+
+
+def test_a_bad_key_file_is_named_word_for_word(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = store.dir / "bad.key"
+    bad.write_text("not a key")
+    bad.chmod(0o644)
+    assert main(["log", "verify", str(store.path), "--key", str(bad)]) == 2
+    assert _out(capsys) == (
+        "",
+        f"affidavit: error: key file {bad} has mode 0644: others could read it\n",
+    )
+    bad.chmod(0o600)
+    assert main(["log", "show", SESSION, "--store", str(store.path), "--key", str(bad)]) == 2
+    out, err = _out(capsys)
+    assert out == "" and err.startswith(f"affidavit: error: {bad}: not a PEM private key (")
+
+
+def test_kept_checkpoint_files_keep_a_file_named_before_a_folder(tmp_path: Path) -> None:
+    one = tmp_path / "one.note"
+    one.write_text("one")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "a.note").write_text("a")
+    assert record_cli.kept_checkpoint_files([str(one), str(kept)]) == [one, kept / "a.note"]
+
+
+def test_verify_counts_one_entry_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "one.db"
+    with Log.open(path, appliance_key=KeyPair.generate()) as log:
+        log.open_stream(SESSION, [KeyPair.generate().recipient])
+        log.checkpoint(SESSION)
+    assert main(["log", "verify", str(path)]) == 0
+    assert _out(capsys) == (f"ok: {path}: 1 entry in 1 stream, no problem\n", "")
+    bundle = tmp_path / "bundle"
+    assert main(["log", "export", SESSION, "--store", str(path), "--out", str(bundle)]) == 0
+    for note in (bundle / "checkpoints").glob("*.note"):
+        note.unlink()
+    index = json.loads((bundle / "bundle.json").read_bytes())
+    index["checkpoints"] = 0
+    (bundle / "bundle.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    capsys.readouterr()
+    assert main(["log", "verify", str(bundle)]) == 1
+    lines = _out(capsys)[0].splitlines()
+    assert lines[0] == f"FAILED: {bundle}: 1 problem in 1 entry"
+    assert lines[1].startswith(f"  {'unsigned_tail':<24} {SESSION + '/0':<28} ")
+
+
+def test_verify_prints_a_problem_without_a_seq_by_its_stream_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not a database, not even close" * 200)
+    assert main(["log", "verify", str(junk)]) == 1
+    out, err = _out(capsys)
+    lines = out.splitlines()
+    assert err == "" and lines[0] == f"FAILED: {junk}: 1 problem in 0 entries"
+    detail = f"{junk} is not a readable record store: "
+    assert lines[1].startswith(f"  {'malformed_store':<24} {'?':<28} {detail}")
+    assert len(lines) == 2
+
+
+# -- the command bodies (the ``@_command`` functions, which mutmut does not mutate) ----------
+
+
+def _drop_checkpoints_after(path: Path, size: int) -> None:
+    """What a writer from before every commit was signed left: no checkpoint past ``size``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("DROP TRIGGER checkpoints_no_delete")
+        conn.execute("DELETE FROM checkpoints WHERE size > ?", (size,))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def test_keys_new_writes_into_a_home_that_exists(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o755)
+    assert main(["keys", "new", "--home", str(home)]) == 0
+    assert _out(capsys) == (KeyPair.read(home / "user.key").recipient.text() + "\n", "")
+
+
+def test_verify_opens_bodies_with_the_key_in_a_store_and_a_bundle(
+    tmp_path: Path, write_turn: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    user = KeyPair.generate()
+    user.write(tmp_path / "user.key")
+    path = tmp_path / "record.db"
+    with Log.open(path, appliance_key=KeyPair.generate()) as log:
+        log.open_stream(SESSION, [user.recipient])
+        write_turn(log, SESSION, 0, wrong_digest=True)  # only a key can see it
+    bundle = tmp_path / "bundle"
+    assert main(["log", "export", SESSION, "--store", str(path), "--out", str(bundle)]) == 0
+    for target in (path, bundle):
+        capsys.readouterr()
+        assert main(["log", "verify", str(target)]) == 0
+        assert _out(capsys) == (f"ok: {target}: 9 entries in 1 stream, no problem\n", "")
+        assert main(["log", "verify", str(target), "--key", str(tmp_path / "user.key")]) == 1
+        lines = _out(capsys)[0].splitlines()
+        assert lines[0] == f"FAILED: {target}: 1 problem in 9 entries"
+        assert lines[1].startswith(
+            f"  {'body_digest_mismatch':<24} {SESSION + '/7':<28} model.response: response_digest "
+        )
+
+
+def test_verify_of_a_bundle_against_kept_checkpoints_and_a_pinned_key(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle = store.dir / "bundle"
+    assert main(["log", "export", SESSION, "--store", str(store.path), "--out", str(bundle)]) == 0
+    capsys.readouterr()
+    vkey = (bundle / "log_key.pub").read_text().strip()
+    note = store.dir / "kept.note"
+    assert main(["log", "checkpoint", SESSION, "--store", str(store.path), "--out", str(note)]) == 0
+    printed = _out(capsys)[0]
+    assert main(["log", "verify", str(bundle), "--against", str(note)]) == 0
+    capsys.readouterr()
+    note.write_text(printed.replace("\n9\n", "\n8\n"))  # its signature no longer verifies
+    assert main(["log", "verify", str(bundle), "--against", str(note)]) == 1
+    key_id = vkey.split("+")[1]
+    assert _out(capsys) == (
+        f"FAILED: {bundle}: 1 problem in 9 entries\n"
+        f"  {'checkpoint_invalid':<24} {SESSION:<28} kept checkpoint #0: signature from "
+        f"affidavit-log ({key_id}) does not verify\n",
+        "",
+    )
+    assert main(["log", "verify", str(bundle), "--log-key", vkey]) == 0
+    capsys.readouterr()
+    with Log.open(store.dir / "other.db", appliance_key=KeyPair.generate()) as other:
+        other_vkey = other.log_key()  # another log's signer
+    assert main(["log", "verify", str(bundle), "--log-key", other_vkey]) == 1
+    lines = _out(capsys)[0].splitlines()
+    assert lines[:2] == [
+        f"FAILED: {bundle}: 11 problems in 9 entries",
+        f"  {'checkpoint_invalid':<24} {SESSION + '/0':<28} the stream names log key {vkey}, "
+        f"not {other_vkey}, the key it is checked against",
+    ]
+
+
+def test_verify_of_a_store_with_an_unsigned_tail_allowed_says_so(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _drop_checkpoints_after(store.path, 1)  # both streams: stream.opened signed, 8 after it
+    assert main(["log", "verify", str(store.path)]) == 1
+    assert _out(capsys)[0].startswith(f"FAILED: {store.path}: 2 problems in 18 entries\n")
+    assert main(["log", "verify", str(store.path), "--allow-unsigned-tail"]) == 0
+    assert _out(capsys)[0].splitlines() == [
+        f"ok: {store.path}: 18 entries in 2 streams, no problem",
+        f"  allowed: {SESSION}: 8 entries no checkpoint covers (unsigned tail)",
+        f"  allowed: {OTHER}: 8 entries no checkpoint covers (unsigned tail)",
+    ]
+
+
+def test_export_show_and_checkpoint_read_the_home_store(
+    store: Store,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no .affidavit here, and no $AFFIDAVIT_HOME
+    monkeypatch.delenv("AFFIDAVIT_HOME", raising=False)
+    home = ["--home", str(store.dir)]
+    bundle = tmp_path / "bundle"
+    assert main(["log", "export", OTHER, *home, "--out", str(bundle)]) == 0
+    assert _out(capsys) == (f"exported 9 entries and 9 checkpoints of {OTHER} to {bundle}\n", "")
+    assert main(["log", "show", OTHER, *home]) == 0
+    assert len(_out(capsys)[0].splitlines()) == 9
+    assert main(["log", "checkpoint", OTHER, *home]) == 0
+    assert _out(capsys)[0].split("\n")[1] == "9"
+
+
+def test_export_names_its_boot_bundles_and_counts_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from record.bundle import BOOT_LABEL
+
+    path = tmp_path / "record.db"
+    recipient = KeyPair.generate().recipient
+    with Log.open(path, appliance_key=KeyPair.generate()) as log:
+        for name in ("boot-b", "boot-a"):
+            log.open_stream(name, [recipient], labels={BOOT_LABEL: "2026-12-02"})
+        log.open_stream(SESSION, [recipient])
+    first = tmp_path / "first"
+    assert main(["log", "export", SESSION, "--store", str(path), "--out", str(first)]) == 0
+    assert _out(capsys) == (
+        f"exported 1 entry and 1 checkpoint of {SESSION} to {first}, "
+        "with 2 boot bundles: boot-a, boot-b\n",
+        "",
+    )
+    second = tmp_path / "second"
+    assert main(["log", "export", "boot-a", "--store", str(path), "--out", str(second)]) == 0
+    assert _out(capsys) == (
+        f"exported 1 entry and 1 checkpoint of boot-a to {second}, with 1 boot bundle: boot-b\n",
+        "",
+    )
+
+
+def test_log_key_never_writes_to_the_file_it_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE notes (text TEXT)")
+    conn.commit()
+    conn.close()
+    before = foreign.read_bytes()
+    assert main(["log", "key", "--store", str(foreign)]) == 1
+    assert _out(capsys) == (
+        "",
+        f"affidavit: {foreign} is not a readable record store: no such table: meta\n",
+    )
+    assert foreign.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["foreign.db"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import egress_proxy.replay
+import record.backends
 from record.audit import verify_store
 from record.digest import Domain, digest
 from record.log import Log
@@ -113,7 +114,7 @@ def test_a_write_through_the_replays_store_is_refused_by_sqlite(
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
             opened.append(self)
 
-    monkeypatch.setattr(egress_proxy.replay, "SQLiteStore", Kept)
+    monkeypatch.setattr(record.backends, "SQLiteStore", Kept)  # what replay opens stores with
     before = _files(store)
     egress_proxy.replay.read_stream(store, STREAM, user)
     (replays,) = opened

@@ -92,6 +92,20 @@ def test_a_read_only_store_refuses_each_write_word_for_word(tmp_path: Path) -> N
     ro.close()
 
 
+def test_a_closed_store_says_it_is_closed_not_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = SQLiteStore(path)
+    store.close()
+    for write in (
+        lambda: store.append([_pending("s")]),
+        lambda: store.set_meta("k", "v"),
+        lambda: store.archive_evidence("s", "r.bin", b"d"),
+    ):
+        with pytest.raises(PermissionError) as caught:
+            write()
+        assert str(caught.value) == f"store {path} was closed"
+
+
 def test_evidence_named_twice_is_refused_and_the_store_goes_on(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "s.db")
     store.archive_evidence("s", "r.bin", b"one")

@@ -1,6 +1,8 @@
-"""The log store contract, run against every backend (SQLite today; PostgreSQL next).
+"""The log store contract, run against every backend: SQLite and PostgreSQL.
 
-A new backend joins by adding a factory to ``BACKENDS``; every test here must then pass.
+A new backend joins by adding an opener to ``BACKENDS``; every test here must then pass. The
+PostgreSQL store runs against the run's private cluster (``tests/pg_server.py``), a fresh
+database per test, so no test sees another's streams.
 """
 
 from __future__ import annotations
@@ -9,23 +11,57 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from record.errors import StoreMissing
 from record.merkle import hash_leaf
 from record.sqlite_store import SQLiteStore
-from record.store import LogStore, PendingCheckpoint, PendingEntry
+from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint
 
-BACKENDS: dict[str, Callable[[Path], LogStore]] = {
-    "sqlite": lambda tmp: SQLiteStore(tmp / "contract.db"),
+#: ``open_store(readonly=False)``: a store on this test's place; again, the same place.
+Opener = Callable[..., LogStore]
+
+
+def _sqlite(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    path = tmp_path / "contract.db"
+    return lambda readonly=False: SQLiteStore(path, readonly=readonly)
+
+
+def _postgresql(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    server = request.getfixturevalue("postgres_server")
+    url = server.fresh_database()
+    request.addfinalizer(lambda: server.drop_database(url))  # after its stores are closed
+    from record.postgres_store import PostgresStore
+
+    return lambda readonly=False: PostgresStore(url, readonly=readonly)
+
+
+BACKENDS: dict[str, Callable[[pytest.FixtureRequest, Path], Opener]] = {
+    "sqlite": _sqlite,
+    "postgresql": _postgresql,
 }
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LogStore]:
-    made = BACKENDS[request.param](tmp_path)
-    yield made
-    made.close()
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens stores of one backend on one fresh place; each is closed at the end."""
+    opener = BACKENDS[request.param](request, tmp_path)
+    opened: list[LogStore] = []
+
+    def open_one(readonly: bool = False) -> LogStore:
+        opened.append(opener(readonly=readonly))
+        return opened[-1]
+
+    yield open_one
+    for made in opened:
+        made.close()
+
+
+@pytest.fixture
+def store(open_store: Opener) -> LogStore:
+    return open_store()
 
 
 def pending(stream: str, payload: bytes = b"x") -> PendingEntry:
@@ -44,6 +80,25 @@ def test_seq_is_gapless_per_stream_across_batches(store: LogStore) -> None:
     assert [e.seq for e in store.entries("a")] == [0, 1, 2]
     assert store.size("a") == 3 and store.size("b") == 2 and store.size("c") == 0
     assert store.streams() == ["a", "b"]
+
+
+def test_a_checkpoint_of_a_stream_the_batch_did_not_touch_is_over_its_stored_size(
+    store: LogStore,
+) -> None:
+    store.append([pending("a"), pending("a"), pending("a")])
+    _, signed = store.append(
+        [pending("b")],
+        [
+            PendingCheckpoint("a", lambda size: b"a at %d" % size),
+            PendingCheckpoint("b", lambda size: b"b at %d" % size),
+            PendingCheckpoint("c", lambda size: b"c at %d" % size),
+        ],
+    )
+    assert signed == [
+        StoredCheckpoint("a", 3, b"a at 3"),
+        StoredCheckpoint("b", 1, b"b at 1"),
+        StoredCheckpoint("c", 0, b"c at 0"),
+    ]
 
 
 def test_build_sees_the_seq_it_is_stored_under(store: LogStore) -> None:
@@ -89,6 +144,16 @@ def test_range_reads_and_leaf_hashes(store: LogStore) -> None:
     assert len(leaves) == 10
     assert store.leaf_hashes("s", stop=4) == leaves[:4]
     assert leaves == [e.leaf_hash for e in store.entries("s")]
+
+
+def test_a_long_stream_reads_whole_and_in_order(store: LogStore) -> None:
+    """More entries than one read page (PostgreSQL pages by 1024): none lost or repeated."""
+    total = 2 * 1024 + 3
+    store.append([pending("s", b"%d" % i) for i in range(total)])
+    assert [e.seq for e in store.entries("s")] == list(range(total))
+    assert [e.seq for e in store.entries("s", 1000, 2050)] == list(range(1000, 2050))
+    assert [e.seq for e in store.entries("s", 1024, 1025)] == [1024]
+    assert len(store.leaf_hashes("s")) == total
 
 
 def test_meta_is_set_once(store: LogStore) -> None:
@@ -176,3 +241,158 @@ def test_readonly_store_refuses_writes_and_missing_files(tmp_path: Path) -> None
     with pytest.raises(PermissionError, match="read-only"):
         ro.append([pending("s")])
     ro.close()
+
+
+def test_a_readonly_store_needs_a_record_and_refuses_every_write(open_store: Opener) -> None:
+    with pytest.raises(StoreMissing):
+        open_store(readonly=True)  # nothing written there yet: no record to audit
+    writer = open_store()
+    writer.append([pending("s")])
+    writer.set_meta("log_key", "k1")
+    ro = open_store(readonly=True)
+    for write in (
+        lambda: ro.append([pending("s")]),
+        lambda: ro.set_meta("log_key", "k1"),
+        lambda: ro.archive_evidence("s", "report.bin", b""),
+    ):
+        with pytest.raises(PermissionError, match="was opened read-only"):
+            write()
+    assert [e.seq for e in ro.entries("s")] == [0] and ro.get_meta("log_key") == "k1"
+    writer.close()
+    with pytest.raises(PermissionError, match="was closed"):
+        writer.append([pending("s")])
+
+
+def test_concurrent_appenders_to_one_stream_get_gapless_distinct_seqs(
+    open_store: Opener,
+) -> None:
+    """Two writers (two stores on one place, as two processes would be) append batches to
+    one stream at the same moments: every seq is taken once, none is skipped, each batch's
+    seqs are consecutive and its checkpoint covers exactly the entries before it."""
+    batches, per_batch = 15, 3
+    stores = [open_store(), open_store()]
+    start = threading.Barrier(len(stores))
+    got: list[list[int]] = [[], []]
+    sizes: list[list[int]] = [[], []]
+    failures: list[BaseException] = []
+
+    def appender(i: int) -> None:
+        try:
+            for _ in range(batches):
+                start.wait(10)  # both begin their transactions together
+                stored, cps = stores[i].append(
+                    [pending("s", b"w%d" % i) for _ in range(per_batch)],
+                    [PendingCheckpoint("s", lambda size: b"note at %d" % size)],
+                )
+                seqs = [e.seq for e in stored]
+                assert seqs == list(range(seqs[0], seqs[0] + per_batch))
+                assert cps[0].size == seqs[-1] + 1
+                got[i].extend(seqs)
+                sizes[i].append(cps[0].size)
+        except BaseException as exc:
+            failures.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=appender, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert failures == []
+    total = len(stores) * batches * per_batch
+    assert sorted(got[0] + got[1]) == list(range(total))
+    assert [e.seq for e in stores[0].entries("s")] == list(range(total))
+    assert sorted(c.size for c in stores[1].checkpoints("s")) == sorted(sizes[0] + sizes[1])
+
+
+# -- PostgreSQL only -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pg_url(postgres_server: Any) -> Iterator[str]:
+    url: str = postgres_server.fresh_database()
+    yield url
+    postgres_server.drop_database(url)
+
+
+def test_postgres_durability_settings_are_in_force(pg_url: str) -> None:
+    """``fsync`` is on at the server, and ``synchronous_commit`` is on for the store's
+    connections even where the database's own default turned it off."""
+    import psycopg
+    from psycopg import sql
+
+    from record.postgres_store import DURABILITY_SETTINGS, PostgresStore
+
+    alter = sql.SQL("ALTER DATABASE {} SET synchronous_commit = off")
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(alter.format(sql.Identifier(pg_url.rsplit("/", 1)[1])))
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # what a plain session gets now
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+        assert conn.execute("SHOW fsync").fetchone() == ("on",)
+    store = PostgresStore(pg_url)
+    try:
+        assert DURABILITY_SETTINGS == {"fsync": "on", "synchronous_commit": "on"}
+        assert store.writer_pragmas() == {"fsync": "on", "synchronous_commit": "on"}
+    finally:
+        store.close()
+
+
+def test_postgres_refuses_updates_deletes_and_truncates(pg_url: str) -> None:
+    import psycopg
+
+    from record.postgres_store import PostgresStore
+
+    store = PostgresStore(pg_url)
+    store.append([pending("s")], [PendingCheckpoint("s", lambda size: b"n")])
+    store.close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for statement in (
+            "UPDATE entries SET line = '\\x00'",
+            "DELETE FROM entries",
+            "TRUNCATE entries",
+            "UPDATE checkpoints SET note = '\\x00'",
+            "DELETE FROM checkpoints",
+            "TRUNCATE checkpoints",
+        ):
+            with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+                conn.execute(statement)  # type: ignore[arg-type]
+        assert conn.execute("SELECT count(*) FROM entries").fetchone() == (1,)
+
+
+def test_postgres_names_itself_without_the_password(postgres_server: Any, pg_url: str) -> None:
+    from record.postgres_store import PostgresStore
+
+    with pytest.raises(StoreMissing) as refused:
+        PostgresStore(pg_url, readonly=True)
+    dbname = pg_url.rsplit("/", 1)[1]
+    where = f"postgresql://affidavit@127.0.0.1:{postgres_server.port}/{dbname}"
+    assert str(refused.value) == f"store {where} holds no record (no entries table)"
+    assert postgres_server.password not in str(refused.value)
+
+
+def test_the_log_and_its_audit_run_unchanged_on_postgres(pg_url: str, write_turn: Any) -> None:
+    """Sealing, Merkle trees and checkpoints above the store do not change with it: a log
+    written in two runs (the second recovers its tree and key from the store) audits clean,
+    bodies opened with the user's key."""
+    from record.audit import Row, check_stream
+    from record.checkpoint import Signer
+    from record.log import LOG_KEY_NAME, Log
+    from record.postgres_store import PostgresStore
+    from record.seal import KeyPair
+
+    user, appliance = KeyPair.generate(), KeyPair.generate()
+    signer = Signer.generate(LOG_KEY_NAME)
+    with Log(PostgresStore(pg_url), signer, appliance_key=appliance) as log:
+        log.open_stream("session-main", [user.recipient, appliance.recipient])
+        write_turn(log, "session-main", 0)
+    with Log(PostgresStore(pg_url), signer, appliance_key=appliance) as log:
+        last = write_turn(log, "session-main", 1)
+    assert last[-1].seq == 16
+    ro = PostgresStore(pg_url, readonly=True)
+    try:
+        rows = (Row(e.line, e.seq, e.leaf_hash) for e in ro.entries("session-main"))
+        notes = [(f"#{i}", c.note) for i, c in enumerate(ro.checkpoints("session-main"))]
+        audit = check_stream("session-main", rows, notes, ro.get_meta("log_key"), key=user)
+    finally:
+        ro.close()
+    assert audit.problems == [] and (audit.entries, audit.covered) == (17, 17)

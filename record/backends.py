@@ -1,0 +1,70 @@
+"""Where a record lives, and opening it: a SQLite file's path, or a PostgreSQL URL.
+
+Every reader and writer of a store names it by this one value (``--store``, the home's
+``appliance.json`` and ``store`` file, ``Log.open``), so a fleet's PostgreSQL store is read
+by the same commands as one appliance's file. The PostgreSQL backend comes with the
+``postgres`` extra and is imported only when a URL is opened.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from record.errors import StoreMissing
+from record.sqlite_store import SQLiteStore
+from record.store import LogStore
+
+__all__ = ["StoreLocation", "is_url", "open_store", "store_exists", "store_label", "store_name"]
+
+#: A SQLite file (a path) or a PostgreSQL database (a ``postgresql://`` URL).
+StoreLocation = Path | str
+
+_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_url(location: StoreLocation) -> bool:
+    """Whether ``location`` names a PostgreSQL database rather than a SQLite file."""
+    return isinstance(location, str) and location.startswith(_SCHEMES)
+
+
+def store_name(location: StoreLocation) -> str:
+    """How messages name the store: a file by its path, a database by its URL without a
+    password."""
+    if is_url(location):
+        from record.postgres_store import describe
+
+        return describe(str(location))
+    return str(location)
+
+
+def store_label(location: StoreLocation) -> str:
+    """The short name an audit's rows carry: a file's name, a database's URL."""
+    return store_name(location) if is_url(location) else Path(location).name
+
+
+def store_exists(location: StoreLocation) -> bool:
+    """Whether a store file is there; a database URL is taken as there (opening it says)."""
+    return is_url(location) or Path(location).is_file()
+
+
+def open_store(location: StoreLocation, *, readonly: bool = False) -> LogStore:
+    """The store at ``location``; ``readonly`` for audits and readers.
+
+    A database that cannot be reached, or the ``postgres`` extra not installed, is a store
+    that is missing (``StoreMissing``, exit 3), said in one line.
+    """
+    if not is_url(location):
+        return SQLiteStore(location, readonly=readonly)
+    try:
+        import psycopg
+
+        from record.postgres_store import PostgresStore
+    except ImportError:
+        raise StoreMissing(
+            "a PostgreSQL store needs the postgres extra: pip install 'affidavit[postgres]'"
+        ) from None
+    try:
+        return PostgresStore(str(location), readonly=readonly)
+    except psycopg.OperationalError as exc:
+        why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise StoreMissing(f"cannot reach store {store_name(location)}: {why}") from None

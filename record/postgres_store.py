@@ -1,0 +1,288 @@
+"""A store on PostgreSQL, behind the same contract as the SQLite file (``record.store``).
+
+Needs the ``postgres`` extra (``psycopg`` 3 and its pool); nothing else of the record imports
+this module, so the base package installs and audits without it.
+
+Tables and guarantees are SQLite's: ``entries`` keyed by ``(stream, seq)``, ``checkpoints``,
+``evidence`` and ``meta``; triggers refuse any UPDATE, DELETE or TRUNCATE of entries and
+checkpoints, so the record is append-only to anyone who does not drop the triggers (which
+``record.audit`` then catches). Each ``append`` is one transaction:
+
+- ``seq`` is read as ``max + 1`` inside that transaction, never drawn from a sequence (a
+  rolled-back transaction would burn its values and leave a gap);
+- before reading it, the transaction takes a transaction-level advisory lock per stream it
+  touches, all of them at once in sorted order (so two batches never deadlock), so two
+  processes appending to one stream wait for each other instead of reading the same ``max``;
+  ``PRIMARY KEY (stream, seq)`` would refuse the second one anyway;
+- the commit returns only once its WAL record is flushed to disk: every connection runs with
+  ``synchronous_commit=on``, and ``writer_pragmas()`` reports it and the server's ``fsync``.
+
+Group commit comes from two places, neither of them new here. Within one appliance,
+``record.log.Log`` queues every appender of the store on its writer thread and writes what
+arrived during a commit as the next batch, one transaction, so one WAL flush covers many
+entries. Across appliances sharing one server, PostgreSQL groups concurrent commits itself:
+the backend that flushes the WAL flushes every commit record written so far, so those
+waiting behind it find theirs already durable; ``commit_delay``/``commit_siblings`` (server
+settings, off by default) make it wait a little to gather more.
+
+Readers take their own pooled connections and, under MVCC, never block the writer nor see an
+uncommitted batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import ConnectionPool
+
+from record.errors import StoreMissing
+from record.store import (
+    LogStore,
+    PendingCheckpoint,
+    PendingEntry,
+    StoredCheckpoint,
+    StoredEntry,
+    check_evidence_name,
+    write_batch,
+)
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS entries (
+        stream    TEXT   NOT NULL,
+        seq       BIGINT NOT NULL CHECK (seq >= 0),
+        line      BYTEA  NOT NULL,
+        leaf_hash BYTEA  NOT NULL,
+        PRIMARY KEY (stream, seq)
+    )""",
+    """CREATE TABLE IF NOT EXISTS checkpoints (
+        id     BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        stream TEXT   NOT NULL,
+        size   BIGINT NOT NULL,
+        note   BYTEA  NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS checkpoints_by_stream ON checkpoints (stream, id)",
+    """CREATE TABLE IF NOT EXISTS evidence (
+        stream TEXT  NOT NULL,
+        name   TEXT  NOT NULL,
+        data   BYTEA NOT NULL,
+        PRIMARY KEY (stream, name)
+    )""",
+    """CREATE TABLE IF NOT EXISTS meta (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+    """CREATE OR REPLACE FUNCTION affidavit_append_only() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'the record is append-only'; END $$""",
+    """CREATE OR REPLACE TRIGGER entries_append_only
+        BEFORE UPDATE OR DELETE ON entries
+        FOR EACH ROW EXECUTE FUNCTION affidavit_append_only()""",
+    """CREATE OR REPLACE TRIGGER entries_no_truncate
+        BEFORE TRUNCATE ON entries
+        FOR EACH STATEMENT EXECUTE FUNCTION affidavit_append_only()""",
+    """CREATE OR REPLACE TRIGGER checkpoints_append_only
+        BEFORE UPDATE OR DELETE ON checkpoints
+        FOR EACH ROW EXECUTE FUNCTION affidavit_append_only()""",
+    """CREATE OR REPLACE TRIGGER checkpoints_no_truncate
+        BEFORE TRUNCATE ON checkpoints
+        FOR EACH STATEMENT EXECUTE FUNCTION affidavit_append_only()""",
+)
+
+#: What the writer's connections must have in force (a test asserts each one).
+DURABILITY_SETTINGS = {"fsync": "on", "synchronous_commit": "on"}
+
+# Every connection's session settings; readers also refuse writes at the server.
+_WRITER_OPTIONS = "-c synchronous_commit=on"
+_READER_OPTIONS = "-c synchronous_commit=on -c default_transaction_read_only=on"
+
+# The first key of every advisory lock taken here (the second is the stream's hash), so they
+# never collide with anyone else's single-key locks; ``_SCHEMA_LOCK`` serialises two stores
+# creating the tables at once (CREATE ... IF NOT EXISTS is not safe against itself).
+_LOCK_SPACE = 0x41666664  # "Affd"
+_SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(%s, 0)"
+_STREAM_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+_HAS_SCHEMA = "SELECT to_regclass('entries') IS NOT NULL"
+_SHOW = "SELECT current_setting(%s)"
+_INSERT_EVIDENCE = "INSERT INTO evidence (stream, name, data) VALUES (%s, %s, %s)"
+_INSERT_ENTRY = "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (%s, %s, %s, %s)"
+_INSERT_CHECKPOINT = "INSERT INTO checkpoints (stream, size, note) VALUES (%s, %s, %s)"
+_INSERT_META = "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
+_SIZE = "SELECT COALESCE(MAX(seq) + 1, 0) FROM entries WHERE stream = %s"
+_META = "SELECT value FROM meta WHERE key = %s"
+_ENTRIES = (
+    "SELECT seq, line, leaf_hash FROM entries WHERE stream = %s AND seq >= %s"
+    " AND (%s::bigint IS NULL OR seq < %s::bigint) ORDER BY seq LIMIT %s"
+)
+_STREAMS = "SELECT stream FROM entries UNION SELECT stream FROM checkpoints ORDER BY stream"
+_LEAF_HASHES = (
+    "SELECT leaf_hash FROM entries WHERE stream = %s"
+    " AND (%s::bigint IS NULL OR seq < %s::bigint) ORDER BY seq"
+)
+_CHECKPOINTS = "SELECT size, note FROM checkpoints WHERE stream = %s ORDER BY id"
+_EVIDENCE = "SELECT name, data FROM evidence WHERE stream = %s ORDER BY name"
+
+#: Entries read per query by ``entries()``: a long stream is paged, never held whole.
+PAGE = 1024
+
+
+def describe(conninfo: str) -> str:
+    """The store's name in messages: the connection string without its password."""
+    params = conninfo_to_dict(conninfo)
+    host = params.get("host") or "localhost"
+    port = f":{params['port']}" if params.get("port") else ""
+    user = f"{params['user']}@" if params.get("user") else ""
+    return f"postgresql://{user}{host}{port}/{params.get('dbname') or ''}"
+
+
+class PostgresStore(LogStore):
+    """A store in one PostgreSQL database (``conninfo``: a URL or ``key=value`` string).
+
+    ``readonly=True`` opens an existing store for audit: it never creates the tables, its
+    sessions are read-only at the server, and every write is refused here first.
+    """
+
+    def __init__(self, conninfo: str, *, readonly: bool = False, max_connections: int = 8) -> None:
+        self.name = describe(conninfo)
+        self.readonly = readonly
+        given = str(conninfo_to_dict(conninfo).get("options") or "")
+        options = f"{given} {_READER_OPTIONS if readonly else _WRITER_OPTIONS}".strip()
+        with psycopg.connect(conninfo, autocommit=True, options=options) as conn:
+            if readonly:
+                if not _fetch_one(conn, _HAS_SCHEMA, ()):
+                    raise StoreMissing(f"store {self.name} holds no record (no entries table)")
+            else:
+                with conn.transaction():
+                    conn.execute(_SCHEMA_LOCK, (_LOCK_SPACE,))
+                    for statement in _SCHEMA:
+                        conn.execute(statement)
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=max(2, max_connections),  # a writer and a reader at least
+            kwargs={"autocommit": True, "options": options},
+            name=self.name,
+            open=True,
+        )
+
+    def _writable(self) -> ConnectionPool[psycopg.Connection[Any]]:
+        """The pool to write through, or why not: opened read-only, or closed."""
+        if self.readonly or self._closed:
+            why = "opened read-only" if self.readonly else "closed"
+            raise PermissionError(f"store {self.name} was {why}")
+        return self._pool
+
+    def writer_pragmas(self) -> dict[str, object]:
+        """The durability settings in force on a writer's connection (``fsync`` is the
+        server's own; ``synchronous_commit`` is set on every connection of this store)."""
+        with self._writable().connection() as conn:
+            return {name: _fetch_one(conn, _SHOW, (name,)) for name in DURABILITY_SETTINGS}
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def append(
+        self,
+        entries: Sequence[PendingEntry],
+        checkpoints: Sequence[PendingCheckpoint] = (),
+        on_built: Callable[[StoredEntry], None] | None = None,
+    ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
+        pool = self._writable()
+        touched = sorted({p.stream for p in entries} | {cp.stream for cp in checkpoints})
+        with pool.connection() as conn, conn.transaction():
+            for stream in touched:  # sorted: two batches lock in one order, never deadlock
+                conn.execute(_STREAM_LOCK, (_LOCK_SPACE, stream))
+            return write_batch(_Batch(conn), entries, checkpoints, on_built)
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._writable().connection() as conn, conn.transaction():
+            conn.execute(_INSERT_META, (key, value))  # the first writer's value stays
+            kept = _fetch_one(conn, _META, (key,))
+            if kept != value:
+                raise ValueError(f"store {self.name}: {key} is already {kept!r}")
+
+    def archive_evidence(self, stream: str, name: str, data: bytes) -> None:
+        pool = self._writable()
+        check_evidence_name(name)
+        with pool.connection() as conn, conn.transaction():
+            conn.execute(_INSERT_EVIDENCE, (stream, name, data))
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _rows(self, query: LiteralString, params: Sequence[object]) -> list[tuple[Any, ...]]:
+        with self._pool.connection() as conn:
+            return conn.execute(query, params).fetchall()
+
+    def entries(
+        self, stream: str, start: int = 0, stop: int | None = None
+    ) -> Iterator[StoredEntry]:
+        # Page by seq: no connection is held while the caller works on a page, and entries
+        # are never rewritten, so the pages join into one consistent read.
+        while True:
+            rows = self._rows(_ENTRIES, (stream, start, stop, stop, PAGE))
+            for seq, line, leaf in rows:
+                yield StoredEntry(stream, int(seq), bytes(line), bytes(leaf))
+            if len(rows) < PAGE:
+                return
+            start = int(rows[-1][0]) + 1
+
+    def streams(self) -> list[str]:
+        # A stream whose entries were all deleted still has its checkpoints: list it too.
+        return [str(r[0]) for r in self._rows(_STREAMS, ())]
+
+    def size(self, stream: str) -> int:
+        return int(self._rows(_SIZE, (stream,))[0][0])
+
+    def leaf_hashes(self, stream: str, stop: int | None = None) -> list[bytes]:
+        return [bytes(r[0]) for r in self._rows(_LEAF_HASHES, (stream, stop, stop))]
+
+    def checkpoints(self, stream: str) -> list[StoredCheckpoint]:
+        rows = self._rows(_CHECKPOINTS, (stream,))
+        return [StoredCheckpoint(stream, int(size), bytes(note)) for size, note in rows]
+
+    def evidence(self, stream: str) -> list[tuple[str, bytes]]:
+        return [(str(name), bytes(data)) for name, data in self._rows(_EVIDENCE, (stream,))]
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self._rows(_META, (key,))
+        return str(rows[0][0]) if rows else None
+
+    def close(self) -> None:
+        """Close every pooled connection; writes are refused from here on."""
+        with self._close_lock:
+            if not self._closed:
+                self._closed = True
+                self._pool.close()
+
+
+def _fetch_one(
+    conn: psycopg.Connection[Any], query: LiteralString, params: Sequence[object]
+) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None, "a query that always returns one row returned none"
+    return row[0]
+
+
+class _Batch:
+    """An open transaction of the pool, as ``write_batch`` writes a batch into it."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def size(self, stream: str) -> int:
+        return int(_fetch_one(self._conn, _SIZE, (stream,)))
+
+    def insert_evidence(self, stream: str, name: str, data: bytes) -> None:
+        self._conn.execute(_INSERT_EVIDENCE, (stream, name, data))
+
+    def insert_entry(self, entry: StoredEntry) -> None:
+        self._conn.execute(_INSERT_ENTRY, (entry.stream, entry.seq, entry.line, entry.leaf_hash))
+
+    def insert_checkpoint(self, checkpoint: StoredCheckpoint) -> None:
+        self._conn.execute(
+            _INSERT_CHECKPOINT, (checkpoint.stream, checkpoint.size, checkpoint.note)
+        )
