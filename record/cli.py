@@ -77,7 +77,24 @@ def report_error(exc: BaseException, where: object = None) -> int | None:
     if isinstance(exc, json.JSONDecodeError):
         print(f"affidavit: error: {exc}", file=sys.stderr)
         return EXIT_PROBLEM
+    if type(exc).__module__.split(".")[0] == "psycopg":  # only there when a URL was opened
+        return _database_error(exc, where)
     return None
+
+
+def _database_error(exc: BaseException, where: object) -> int:
+    """A PostgreSQL store's error in one line: one gone away is missing (3), any other
+    refusal is a store that is not a readable record (1)."""
+    import psycopg
+
+    name = store_name(where) if isinstance(where, str | Path) else "the store"
+    said = str(exc).strip().splitlines()
+    why = said[0] if said else type(exc).__name__
+    if isinstance(exc, psycopg.OperationalError):
+        print(f"affidavit: missing: cannot reach store {name}: {why}", file=sys.stderr)
+        return EXIT_MISSING
+    print(f"affidavit: {name} is not a readable record store: {why}", file=sys.stderr)
+    return EXIT_PROBLEM
 
 
 def run(command: Callable[[], int], where: object = None) -> int:

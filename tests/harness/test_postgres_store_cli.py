@@ -162,3 +162,19 @@ def test_a_password_in_the_url_is_refused_and_an_unanswered_database_is_missing(
     assert gone.returncode == 3, gone.stdout + gone.stderr
     (line,) = gone.stderr.splitlines()
     assert line.startswith("affidavit: ") and "cannot reach store postgresql://" in line, line
+
+
+def test_a_database_that_is_not_a_record_is_one_line_and_1(
+    postgres_server: Any,  # noqa: F811
+    database: str,
+) -> None:
+    import psycopg
+
+    server = postgres_server
+    with psycopg.connect(database, password=server.password, autocommit=True) as conn:
+        conn.execute("CREATE TABLE entries (stream TEXT)")  # a table of that name, not ours
+    shown = _affidavit(server, "log", "show", "s", "--store", database)
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    (line,) = shown.stderr.splitlines()
+    assert line.startswith(f"affidavit: {database} is not a readable record store: "), line
+    assert "Traceback" not in shown.stderr

@@ -327,7 +327,8 @@ def run_and_kill(
     return Killed(at if proc.returncode == -signal.SIGKILL else None, seen, err)
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.long  # fifty CLI turns and resumes, five minutes on 2 cores: `make test-long`
+@pytest.mark.timeout(900)
 def test_a_turn_killed_at_any_point_resumes_without_repeating_anything(rig: HarnessRig) -> None:
     rng = random.Random(SEED)
     home = rig.home
