@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -178,7 +179,6 @@ def start_engine(
     """Start the engine on ``model_path`` and return once it answers ``/v1/models``;
     ``EngineStartError`` with its last lines if it exits first or takes past ``timeout_s``."""
     import secrets
-    import socket
     import time
     import urllib.error
     import urllib.request
@@ -187,15 +187,13 @@ def start_engine(
     token = secrets.token_urlsafe(32)
     token_file = home.root / "engine.token"
     write_atomic(token_file, token.encode("ascii") + b"\n", 0o600)
-    with socket.socket() as probe:  # a free loopback port for it (it binds it a moment later)
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
     log = home.root / "engine.log"
     env = {**os.environ}
     env.setdefault("OMP_NUM_THREADS", "1")  # two cores: the proxy and the harness need the other
     with log.open("ab") as out:
-        out.write(f"--- affidavit up: engine on port {port}, {time.ctime()}\n".encode())
+        out.write(f"--- affidavit up: engine starting, {time.ctime()}\n".encode())
         out.flush()  # the tail quoted on failure is this run's, never an older one's
+        this_run = out.tell()
         process = subprocess.Popen(
             _engine_command(
                 "serve",
@@ -205,8 +203,10 @@ def start_engine(
                 served,
                 "--host",
                 "127.0.0.1",
+                # port 0: the engine binds a free port itself and prints it, so no other
+                # process can take the port between our choosing it and its binding it
                 "--port",
-                str(port),
+                "0",
                 "--token-file",
                 str(token_file),
                 "--log-level",
@@ -219,11 +219,8 @@ def start_engine(
             start_new_session=True,  # Ctrl-C reaches `up`, which stops the engine itself
             preexec_fn=_die_with_parent(),
         )
-    engine = EngineProcess(process, f"http://127.0.0.1:{port}", token_file, log)
+    engine = EngineProcess(process, "", token_file, log)
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no $http_proxy
-    ask = urllib.request.Request(
-        engine.url + "/v1/models", headers={"authorization": f"Bearer {token}"}
-    )
     deadline = time.monotonic() + timeout_s
     while True:
         if process.poll() is not None:
@@ -232,16 +229,33 @@ def start_engine(
                 f"{_tail(log)} (all of it in {log})",
                 3 if process.returncode == 3 else 1,
             )
-        try:
-            with direct.open(ask, timeout=5) as answer:
-                if answer.status == 200:
-                    return engine
-        except (OSError, urllib.error.URLError):
-            pass
+        if not engine.url:
+            engine.url = _served_at(log, this_run)
+        if engine.url:
+            ask = urllib.request.Request(
+                engine.url + "/v1/models", headers={"authorization": f"Bearer {token}"}
+            )
+            try:
+                with direct.open(ask, timeout=5) as answer:
+                    if answer.status == 200:
+                        return engine
+            except (OSError, urllib.error.URLError):
+                pass
         if time.monotonic() > deadline:
             engine.stop()
             raise EngineStartError(f"the engine did not answer in {timeout_s:.0f} s (see {log})", 1)
         time.sleep(0.2)
+
+
+_SERVING = re.compile(rb"affidavit engine serving .* on (http://127\.0\.0\.1:\d+)\n")
+
+
+def _served_at(log: Path, offset: int) -> str:
+    """The address this run's engine printed once it bound its port ('' until then)."""
+    with log.open("rb") as said:
+        said.seek(offset)
+        found = _SERVING.search(said.read())
+    return found.group(1).decode() if found else ""
 
 
 def _tail(log: Path, lines: int = 3) -> str:

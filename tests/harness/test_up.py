@@ -7,6 +7,7 @@ runs it: ``up``'s one child, stopped with it, and gone too when ``up`` is SIGKIL
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -85,6 +86,24 @@ def _engine_child(up: subprocess.Popen[str]) -> int:
     return pid
 
 
+def _listening(pid: int) -> set[int]:
+    """The TCP ports process ``pid`` listens on (its socket inodes in /proc/net/tcp)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+            ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
 def test_up_serves_the_cli_and_stops_on_sigterm(tmp_path: Path) -> None:
     home = tmp_path / "home"
     up = _started(home)
@@ -92,7 +111,10 @@ def test_up_serves_the_cli_and_stops_on_sigterm(tmp_path: Path) -> None:
         engine = _engine_child(up)
         engine_url = json.loads((home / "appliance.json").read_text())["engine_url"]
         argv = dict(_children(up.pid))[engine]
-        assert engine_url.endswith(":" + argv[argv.index("--port") + 1])  # the one it serves
+        # it bound a free port itself (no race with another process for one chosen for it),
+        # and the URL up uses is the port that very process listens on
+        assert argv[argv.index("--port") + 1] == "0", argv
+        assert engine_url.rsplit(":", 1)[1] in {str(p) for p in _listening(engine)}
         opened = _cli("session", "new", "--pin", "seed=7,max_tokens=64", "--json", home=home)
         assert opened.returncode == 0, opened.stderr
         session = json.loads(opened.stdout)["session"]
