@@ -157,8 +157,12 @@ class PostgresStore(LogStore):
             else:
                 with conn.transaction():
                     conn.execute(_SCHEMA_LOCK, (_LOCK_SPACE,))
-                    for statement in _SCHEMA:
-                        conn.execute(statement)
+                    # Only a database without the tables gets the DDL (one transaction, so
+                    # all of it or none): CREATE TRIGGER on a table others are writing
+                    # takes a lock that deadlocks with their batches.
+                    if not _fetch_one(conn, _HAS_SCHEMA, ()):
+                        for statement in _SCHEMA:
+                            conn.execute(statement)
         self._closed = False
         self._close_lock = threading.Lock()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(

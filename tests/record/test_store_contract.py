@@ -396,3 +396,31 @@ def test_the_log_and_its_audit_run_unchanged_on_postgres(pg_url: str, write_turn
     finally:
         ro.close()
     assert audit.problems == [] and (audit.entries, audit.covered) == (17, 17)
+
+
+def test_postgres_opens_beside_a_writer_without_deadlocking_it(pg_url: str) -> None:
+    """A store opened while another appends (an appliance restarting beside a running one)
+    runs no DDL on the tables in use: the running writer's batches, entries then their
+    checkpoint, never wait on it."""
+    from record.postgres_store import PostgresStore
+
+    running = PostgresStore(pg_url)
+    stop, failures = threading.Event(), list[BaseException]()
+
+    def write() -> None:
+        try:
+            while not stop.is_set():
+                running.append([pending("busy")], [PendingCheckpoint("busy", lambda n: b"%d" % n)])
+        except BaseException as exc:
+            failures.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for _ in range(20):
+            PostgresStore(pg_url).close()
+    finally:
+        stop.set()
+        writer.join(30)
+        running.close()
+    assert not failures, failures
