@@ -49,7 +49,8 @@ def parse_now(text: str | None) -> datetime:
     if text is None:
         return datetime.now(UTC)
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        # RFC 3339 allows "z" for "Z" (UTC); Python 3.11's fromisoformat reads only "Z"
+        when = datetime.fromisoformat(text[:-1] + "Z" if text.endswith("z") else text)
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not an RFC 3339 time", param_hint="--now") from None
     if when.tzinfo is None:

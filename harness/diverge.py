@@ -139,10 +139,10 @@ class _Scanned:
 def _scan(store_path: Path | str, key: KeyPair) -> dict[str, _Scanned]:
     """Every stream's labels, recipients and ``turn.started`` envelopes, without opening a
     body (``stream.opened`` and ``key.rotated`` are clear; the rest is read from envelopes)."""
-    from record.backends import is_url, open_store
+    from record.backends import open_store
     from record.schema import KeyRotated, StreamOpened, parse_body, parse_entry
 
-    if not is_url(store_path) and not Path(store_path).is_file():
+    if not store_exists(store_path):
         raise HomeMissing(f"record store {store_path} does not exist")
     mine = key.recipient.text()
     scanned: dict[str, _Scanned] = {}

@@ -66,5 +66,6 @@ def open_store(location: StoreLocation, *, readonly: bool = False) -> LogStore:
     try:
         return PostgresStore(str(location), readonly=readonly)
     except psycopg.OperationalError as exc:
-        why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        said = str(exc).strip().splitlines()
+        why = said[0] if said else type(exc).__name__
         raise StoreMissing(f"cannot reach store {store_name(location)}: {why}") from None

@@ -141,6 +141,26 @@ TARGETS: dict[str, Target] = {
             T + "record/test_readonly.py",
         ),
     ),
+    # where a store is (a path or a postgresql:// URL) and opening it; then the writer's and
+    # the contract's uses of it (a private PostgreSQL cluster, started once, about a second)
+    "record/backends.py": Target(
+        ("record/backends.py",),
+        (
+            T + "record/test_backends_mutants.py",
+            T + "record/test_log_mutants.py",
+        ),
+    ),
+    # the PostgreSQL store: the contract run against the private cluster (each test on a
+    # fresh database), then the writer on it
+    "record/postgres_store.py": Target(
+        ("record/postgres_store.py",),
+        (
+            T + "record/test_store_contract.py",
+            T + "record/test_backends_mutants.py",
+        ),
+        pytest_args=("-k", "postgres"),
+        timeout_multiplier=8.0,
+    ),
     # the decoder on bytes written out, with test_redact.py's own decoder tests and the views
     # (which read every form): a second; not test_redact.py's recorded session
     "record/decoded.py": Target(

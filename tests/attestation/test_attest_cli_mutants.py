@@ -452,3 +452,82 @@ def test_a_parse_failure_keeps_its_kind_in_json(
     assert main([*args, "--json"]) == 1
     doc = json.loads(capsys.readouterr().out)
     assert doc["kind"] == "snp" and doc["verdict"] == "reject"
+
+
+# --- the details of what was refused, and the RIMs handed on -------------------------------
+
+
+def test_a_published_file_whose_signature_does_not_match_is_named_word_for_word(
+    amd: FakeAmd, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    published, pub = _published(tmp_path)
+    published.write_text("{}")  # the signature no longer matches
+    assert main(_snp(tmp_path, amd, "--published", str(published), "--release-key", str(pub))) == 1
+    lines = _out_only(capsys).splitlines()
+    assert (
+        f"FAIL published.signature: published {published}: the signature {published}.sig "
+        "does not verify with the release key"
+    ) in lines
+    assert lines[-1].startswith("verdict: REJECT")
+
+
+def test_a_parse_failure_says_what_did_not_parse(
+    amd: FakeAmd, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _snp(tmp_path, amd)
+    (tmp_path / "vek.der").write_bytes(b"\x30\x03junk")
+    assert main([*args, "--json"]) == 1
+    doc = json.loads(_out_only(capsys))
+    parse = next(c for c in doc["checks"] if c["name"] == "parse")
+    assert parse["ok"] is False
+    assert parse["detail"].startswith("error parsing asn1 value: ")
+
+
+def test_the_rims_given_are_compared_with_the_gpus_measurements(
+    nv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.attestation.test_nvidia_rim_unit import DRIVER_VERSION, RimTestChain
+
+    rim = tmp_path / "driver.swidtag"
+    rim.write_bytes(RimTestChain().sign({7: True}, DRIVER_VERSION))  # not NVIDIA's root
+    assert main(_nvidia(nv, "--rim", str(rim))) == 1
+    lines = _out_only(capsys).splitlines()
+    assert f"FAIL rim.driver: {rim}: not compared: its signature does not verify" in lines
+    assert any(line.startswith(f"FAIL rim.signature: {rim} (driver 545.00): ") for line in lines)
+    assert not any(line.startswith("skip rim.driver") for line in lines)
+
+
+def test_the_commands_own_defaults_are_offline_text_and_no_crl(
+    nv: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Called as Python functions (typer passes every option, so only a direct call reads the
+    functions' own defaults): offline, no CRL fetched, text, and ``policy`` needs ``--show``."""
+    with pytest.raises(typer.Exit) as done:
+        attest_cli.attest_verify(
+            evidence=nv / "hopperAttestationReport.hex",
+            kind="nvidia",
+            certs=[nv / "hopperCertChain.pem"],
+            now="2025-01-01T00:00:00Z",
+            nonce=NONCE,
+        )
+    assert done.value.exit_code == 0  # not refused as --fetch-crl for --kind nvidia
+    lines = _out_only(capsys).splitlines()
+    assert lines[-1] == "verdict: accept (3 not checked: see the skip lines)"  # text, not JSON
+    assert any(line.startswith("skip ocsp: not checked offline: ") for line in lines)
+    with pytest.raises(typer.BadParameter) as caught:
+        attest_cli.attest_policy()
+    assert caught.value.format_message() == "Invalid value for --show: say --show"
+    attest_cli.attest_policy(show=True)
+    assert _out_only(capsys).startswith("allow_debug = false\n    why: ")  # text, not JSON
+
+
+def test_now_takes_utc_as_z_or_z_in_lower_case() -> None:
+    """RFC 3339 §5.6: the ``T`` and ``Z`` may be lower case."""
+    from datetime import UTC, datetime
+
+    from attestation.cli import parse_now
+
+    midnight = datetime(2025, 1, 1, tzinfo=UTC)
+    assert parse_now("2025-01-01T00:00:00Z") == midnight
+    assert parse_now("2025-01-01t00:00:00z") == midnight
+    assert parse_now("2025-01-01T01:00:00+01:00") == midnight

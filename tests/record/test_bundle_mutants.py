@@ -382,3 +382,40 @@ def test_a_store_without_a_log_key_exports_an_empty_one(tmp_path: Path) -> None:
     assert index["log_key"] == "" and index["recipients"] == []
     assert (tmp_path / "b" / "log_key.pub").read_bytes() == b"\n"
     assert (tmp_path / "b" / "recipients.txt").read_bytes() == b""
+
+
+def test_a_boot_bundle_s_unsigned_tail_is_allowed_as_the_parent_s_is(bundle: Path) -> None:
+    boot = bundle / "boot" / BOOT
+    notes = sorted((boot / "checkpoints").iterdir())
+    for note in notes[1:]:  # only the first, of its first entry, is left
+        note.unlink()
+    _write_index(boot, {**_index(boot), "checkpoints": 1})
+    report = verify_bundle(bundle, allow_unsigned_tail=True)
+    assert report.problems == [] and report.unsigned == {SESSION: 0, BOOT: 1}
+    [problem] = _problems(bundle)
+    assert problem[:3] == ("unsigned_tail", BOOT, 1) and problem[3].startswith(f"boot/{BOOT}: ")
+
+
+def test_entries_empty_or_cut_short_without_a_stream_name_are_named_by_a_question_mark(
+    bundle: Path,
+) -> None:
+    index = _index(bundle)
+    del index["stream"]
+    _write_index(bundle, index)
+    path = bundle / "entries.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[:-1])  # the stream is still read from the lines
+    cut = f"{path}: last line is cut short"
+    assert ("malformed_bundle", "?", None, cut) in _problems(bundle)
+    path.write_bytes(b"")
+    assert ("malformed_bundle", "?", None, f"{path} holds no entry") in _problems(bundle)
+
+
+def test_a_name_with_a_slash_is_no_plain_name(bundle: Path) -> None:
+    index = _index(bundle)
+    _write_index(bundle, {**index, "boot": [f"x/{BOOT}"]})
+    detail = "bundle.json: boot is not a list of plain stream names"
+    assert _problems(bundle) == [("malformed_bundle", SESSION, None, detail)]
+    _write_index(bundle, {**index, "evidence": ["x/report.bin"]})
+    detail = "bundle.json: evidence is not a list of plain file names"
+    assert ("malformed_bundle", SESSION, None, detail) in _problems(bundle)

@@ -31,7 +31,7 @@ import json
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,8 @@ from record.schema import (
 )
 from record.seal import KeyPair, new_data_key, open_sealed
 from record.sqlite_store import SQLiteStore
-from record.store import PendingCheckpoint, PendingEntry, StoredCheckpoint, StoredEntry
+from record.store import StoredCheckpoint
+from tests.record.gated_store import GatedStore
 from tests.record.raw_store import stored_lines
 
 #: A break that leaves an appender waiting forever (a writer thread that died, a future never
@@ -142,34 +143,6 @@ def _check_appended(
     assert cp.size >= appended.tree_size
     assert cp.root_hash == merkle.root(_leaves(lines[: cp.size]))
     return line
-
-
-class GatedStore(SQLiteStore):
-    """A real SQLite store whose commits wait for the test to open a gate, so requests queue
-    up behind one commit deterministically; it records each commit's batch shape."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-        self.batches: list[tuple[int, int]] = []  # (entries, checkpoints) per commit
-
-    def append(
-        self,
-        entries: Sequence[PendingEntry],
-        checkpoints: Sequence[PendingCheckpoint] = (),
-        on_built: Callable[[StoredEntry], None] | None = None,
-    ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
-        self.batches.append((len(entries), len(checkpoints)))
-        self.entered.set()
-        assert self.gate.wait(30)
-        return super().append(entries, checkpoints, on_built)
-
-    def hold(self) -> None:
-        """Hold the next commit at the gate."""
-        self.gate.clear()
-        self.entered.clear()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import independent_reader  # tests/record/independent_reader.py, a sibling
@@ -35,8 +34,7 @@ from record.digest import Domain, digest
 from record.log import Appended, Log, entry_line, origin_for
 from record.schema import KeyRotated, StreamOpened, TurnStarted, WrappedKey
 from record.seal import KeyPair, new_data_key
-from record.sqlite_store import SQLiteStore
-from record.store import PendingCheckpoint, PendingEntry, StoredCheckpoint, StoredEntry
+from tests.record.gated_store import GatedStore
 
 STREAM = "session-signed"
 FORGED = "session-forged"
@@ -56,29 +54,6 @@ def _affidavit(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]
         cwd=cwd,
         timeout=120,
     )
-
-
-class GatedStore(SQLiteStore):
-    """A real SQLite store whose commits wait for the test to open a gate, so appenders
-    pile up behind one commit deterministically. It records each commit's batch shape."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.entered = threading.Event()
-        self.batches: list[tuple[int, int]] = []  # (entries, checkpoints) per commit
-
-    def append(
-        self,
-        entries: Sequence[PendingEntry],
-        checkpoints: Sequence[PendingCheckpoint] = (),
-        on_built: Callable[[StoredEntry], None] | None = None,
-    ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
-        self.batches.append((len(entries), len(checkpoints)))
-        self.entered.set()
-        self.gate.wait()
-        return super().append(entries, checkpoints, on_built)
 
 
 def _covers(note: bytes, log: Log, appended: Appended) -> bool:

@@ -1,0 +1,100 @@
+"""``record.backends``: a store named by a path or a ``postgresql://`` URL, word for word.
+
+Real stores only: a SQLite file in ``tmp_path`` and the private PostgreSQL cluster of
+``tests/pg_server.py``; a database nobody answers on is a closed port on loopback.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from record.backends import is_url, open_store, store_exists, store_label, store_name
+from record.errors import StoreMissing
+from record.postgres_store import PostgresStore
+from record.sqlite_store import SQLiteStore
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_only_a_postgresql_url_is_a_url() -> None:
+    assert is_url("postgresql://u@h/db") and is_url("postgres://h/db")
+    assert not is_url("postgresql:/h/db")  # a Path would have collapsed the two slashes
+    assert not is_url(Path("postgresql://h/db")) and not is_url("record.db")
+    assert not is_url("mysql://h/db") and not is_url("")
+
+
+def test_names_and_labels() -> None:
+    assert store_name(Path("/x/record.db")) == "/x/record.db"
+    assert store_name("rel/record.db") == "rel/record.db"
+    assert store_name("postgresql://u:secret@db.example:5433/rec") == (
+        "postgresql://u@db.example:5433/rec"
+    )
+    assert store_label(Path("/x/record.db")) == "record.db"
+    assert store_label("postgresql://u:secret@h/rec") == "postgresql://u@h/rec"
+
+
+def test_exists(tmp_path: Path) -> None:
+    assert not store_exists(tmp_path / "record.db")
+    assert not store_exists(str(tmp_path))  # a folder is no store file
+    SQLiteStore(tmp_path / "record.db").close()
+    assert store_exists(tmp_path / "record.db") and store_exists(str(tmp_path / "record.db"))
+    assert store_exists("postgresql://127.0.0.1:1/none")  # opening it says whether it is there
+
+
+def test_a_path_opens_sqlite_writable_or_read_only(tmp_path: Path) -> None:
+    writer = open_store(tmp_path / "record.db")
+    assert isinstance(writer, SQLiteStore) and not writer.readonly
+    writer.close()
+    reader = open_store(str(tmp_path / "record.db"), readonly=True)
+    assert isinstance(reader, SQLiteStore) and reader.readonly
+    reader.close()
+    with pytest.raises(StoreMissing):
+        open_store(tmp_path / "absent.db", readonly=True)
+
+
+def test_a_url_opens_postgresql(postgres_server: Any) -> None:
+    url: str = postgres_server.fresh_database()
+    try:
+        writer = open_store(url)
+        assert isinstance(writer, PostgresStore) and not writer.readonly
+        writer.close()
+        reader = open_store(url, readonly=True)
+        assert isinstance(reader, PostgresStore) and reader.readonly
+        reader.close()
+    finally:
+        postgres_server.drop_database(url)
+
+
+def test_a_database_nobody_answers_on_is_missing_in_one_line() -> None:
+    port = _closed_port()
+    with pytest.raises(StoreMissing) as caught:
+        open_store(f"postgresql://u:secret@127.0.0.1:{port}/none", readonly=True)
+    import psycopg
+
+    with pytest.raises(psycopg.OperationalError) as direct:
+        psycopg.connect(f"postgresql://u:secret@127.0.0.1:{port}/none")
+    first = str(direct.value).strip().splitlines()[0]  # the reason; what follows is a hint
+    assert str(caught.value) == f"cannot reach store postgresql://u@127.0.0.1:{port}/none: {first}"
+    assert "secret" not in str(caught.value)
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_a_url_without_the_postgres_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if not installed: import fails
+    with pytest.raises(StoreMissing) as caught:
+        open_store("postgresql://127.0.0.1:1/none")
+    assert str(caught.value) == (
+        "a PostgreSQL store needs the postgres extra: pip install 'affidavit[postgres]'"
+    )
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
