@@ -44,6 +44,11 @@ EXIT_ACCEPT, EXIT_REJECT, EXIT_USAGE, EXIT_MISSING = 0, 1, 2, 3
 RELEASE_KEY = Path(__file__).resolve().parents[1] / "measurements" / "release.pub"
 
 
+#: How long one KDS request may take: AMD's KDS answers slowly at times (well past httpx's
+#: 5 s default), and a revocation check that gives up early fails the verdict for nothing.
+KDS_TIMEOUT_S = 30.0
+
+
 def parse_now(text: str | None) -> datetime:
     """``--now``: an RFC 3339 time with its offset (default: this instant, UTC)."""
     if text is None:
@@ -242,7 +247,7 @@ def _fetch_crl(blobs: list[bytes], kds: str) -> bytes:
     if product is None:
         raise typer.BadParameter("no VCEK/VLEK naming its product", param_hint="--certs")
     try:
-        with httpx.Client(timeout=30.0, trust_env=False) as client:
+        with httpx.Client(timeout=KDS_TIMEOUT_S, trust_env=False) as client:
             return fetch(product, client, base=kds)
     except CrlError as exc:
         raise Missing(f"AMD's CRL: {exc}") from None

@@ -432,6 +432,33 @@ def test_fetch_crl_waits_for_a_slow_kds(
     assert "ok   chain.revocation: ARK-Turin's CRL" in capsys.readouterr().out
 
 
+class _SlowerDocuments(dict[str, bytes]):
+    """A KDS that answers after 1.5 s."""
+
+    def get(self, key: str, default: bytes | None = None) -> bytes | None:  # type: ignore[override]
+        time.sleep(1.5)
+        return super().get(key, default)
+
+
+def test_fetch_crl_gives_up_at_its_timeout(
+    amd: FakeAmd,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The KDS request has a deadline (``KDS_TIMEOUT_S``, here cut to 0.5 s): a KDS slower
+    than it is a CRL that could not be had, not a wait for ever."""
+    import attestation.cli
+
+    monkeypatch.setattr(attestation.cli, "KDS_TIMEOUT_S", 0.5)
+    with stand_in_kds() as kds:
+        kds.documents = _SlowerDocuments({"/vcek/v1/Turin/crl": amd.crl()})
+        code = main(_snp(tmp_path, amd, "--fetch-crl", "--kds", kds.url))
+    err = _err(capsys)
+    assert code == 3, err
+    assert "AMD's CRL" in err and "ReadTimeout" in err, err
+
+
 def test_no_key_certificate_is_a_usage_error_named_by_certs(
     amd: FakeAmd, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
