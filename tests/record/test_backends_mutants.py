@@ -98,3 +98,11 @@ def test_a_url_without_the_postgres_extra_says_what_to_install(
         "a PostgreSQL store needs the postgres extra: pip install 'affidavit[postgres]'"
     )
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
+
+
+def test_postgres_names_fill_what_a_conninfo_leaves_out() -> None:
+    from record.postgres_store import describe
+
+    assert describe("dbname=rec") == "postgresql://localhost/rec"
+    assert describe("host=db.example") == "postgresql://db.example/"
+    assert describe("host=h port=5433 user=u password=p dbname=d") == "postgresql://u@h:5433/d"

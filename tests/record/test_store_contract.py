@@ -424,3 +424,65 @@ def test_postgres_opens_beside_a_writer_without_deadlocking_it(pg_url: str) -> N
         writer.join(30)
         running.close()
     assert not failures, failures
+
+
+def test_concurrent_batches_without_checkpoints_take_distinct_seqs(open_store: Opener) -> None:
+    """The stream is held for a batch of entries alone, not only when it also signs."""
+    stores = [open_store(), open_store()]
+    start = threading.Barrier(len(stores))
+    failures: list[BaseException] = []
+
+    def appender(i: int) -> None:
+        try:
+            for _ in range(15):
+                start.wait(10)
+                stores[i].append([pending("s", b"w%d" % i) for _ in range(3)])
+        except BaseException as exc:
+            failures.append(exc)
+            start.abort()
+
+    threads = [threading.Thread(target=appender, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not failures, failures
+    assert [e.seq for e in stores[0].entries("s")] == list(range(90))
+
+
+def test_what_is_read_names_its_stream(store: LogStore) -> None:
+    store.append([pending("a"), pending("b")], [PendingCheckpoint("b", lambda n: b"%d" % n)])
+    assert [e.stream for e in store.entries("a")] == ["a"]
+    assert [c.stream for c in store.checkpoints("b")] == ["b"]
+
+
+def test_postgres_readers_are_read_only_at_the_server(pg_url: str) -> None:
+    """A read-only store's sessions refuse a write themselves, whatever asks them."""
+    import psycopg
+
+    from record.postgres_store import PostgresStore
+
+    PostgresStore(pg_url).close()  # the tables
+    reader = PostgresStore(pg_url, readonly=True)
+    try:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), reader._pool.connection() as c:
+            c.execute("INSERT INTO meta (key, value) VALUES ('planted', 'x')")
+    finally:
+        reader.close()
+
+
+def test_postgres_keeps_the_options_a_url_gives_beside_its_own(pg_url: str) -> None:
+    from record.postgres_store import PostgresStore
+
+    url = f"{pg_url}?options=-c%20statement_timeout%3D12345"
+    for readonly in (False, True):
+        store = PostgresStore(url, readonly=readonly)
+        try:
+            with store._pool.connection() as conn:
+                shown = [
+                    conn.execute(f"SHOW {name}").fetchone()
+                    for name in ("statement_timeout", "synchronous_commit")
+                ]
+            assert shown == [("12345ms",), ("on",)]
+        finally:
+            store.close()
