@@ -26,8 +26,8 @@ it measures, in one process:
 - ``raw sha256``: ``hashlib.sha256(line).digest()`` over each stored line separately.
 - ``audit``: ``record.audit.verify_store(path)`` (no key: lines, seq, Merkle tree,
   checkpoints) over the store the 16 appenders wrote; ``audit + key`` also opens and checks
-  every body (shown for information, no target). ``verify_store`` opens a SQLite file only,
-  so the PostgreSQL store is not audited here (the output says so).
+  every body (shown for information, no target). The PostgreSQL store is not audited here
+  yet (the output says so): each run's database is dropped when the run ends.
 
 The PostgreSQL cluster is the tests' own (``tests/pg_cluster.py``): ``initdb`` into a
 temporary folder (as the system user ``affidavit-pg`` when run as root), 127.0.0.1 only,
@@ -93,8 +93,8 @@ BODY_POOL = 32  # distinct bodies per size, reused round-robin
 WARMUP = 8  # untimed appends after opening the stream
 PG_SETTINGS = ("fsync", "synchronous_commit")  # the durability pair read back from the server
 PG_AUDIT_NOTE = (
-    "not measured: record.audit.verify_store(path) opens a SQLite file only, "
-    "it takes no PostgreSQL store"
+    "not measured yet: record.audit.verify_store takes the store's URL, but each run's "
+    "database is dropped when it ends"
 )
 
 
