@@ -3,7 +3,7 @@
 A private PostgreSQL cluster (``tests/pg_server.py``) holds the record. ``affidavit up`` runs
 as a process in front of a provider it never calls, opens sessions into the database, and
 stops; then, with nothing running, ``session show``, ``log verify``, ``log show``,
-``log export`` and ``log key`` read the same database, from the home (its ``store`` file)
+``log export``, ``log key`` and the panel read the same database, from the home (its ``store`` file)
 and from ``--store URL``. The rows are read back with ``psycopg`` itself; the home holds no
 ``record.db``. A URL with a password is refused (it would be written to the home), and a
 database nobody answers on is one line and exit 3.
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.pg_cluster import SUPERUSER
@@ -126,6 +127,24 @@ def test_up_writes_the_record_to_postgresql_and_every_reader_reads_it_offline(
     assert exported.returncode == 0, exported.stderr
     checked = _affidavit(server, "log", "verify", str(bundle), "--key", str(home / "user.key"))
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+    # the panel, with nothing running, lists the session from the database
+    panel = subprocess.Popen(
+        [sys.executable, "-m", "affidavit", "panel", "--home", str(home), "--json"],
+        cwd=REPO,
+        env=_env(server),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert panel.stdout is not None
+        doc = json.loads(panel.stdout.readline())
+        with httpx.Client(trust_env=False, timeout=30) as http:
+            page = http.get(doc["url"], follow_redirects=True)
+        assert page.status_code == 200 and session in page.text, page.text[:2000]
+    finally:
+        panel.send_signal(signal.SIGINT)
+        assert panel.wait(timeout=30) == 0, panel.stderr.read() if panel.stderr else ""
 
     # a second start takes the kept store with no --store, and appends to the same database
     again = _up(server, home, database, tmp_path / "again.log")
