@@ -110,7 +110,7 @@ release: $(BIN)/.installed system-deps ovmf
 release-dry-run: $(BIN)/.installed system-deps ovmf
 	$(BIN)/affidavit image release --dry-run --version $(or $(VERSION),0.0.0-dry-run)
 
-bench: $(BIN)/.installed
+bench: $(BIN)/.installed system-deps  # PostgreSQL for log_append.py's second store
 	$(BIN)/python bench/log_append.py
 	$(BIN)/python bench/determinism_cost.py
 	$(BIN)/python bench/replay.py
