@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from harness.up import DEFAULT_MODEL
-from record.backends import StoreLocation, is_url, store_exists
+from record.backends import StoreLocation, location, store_exists
 from record.cli import counted, home_store
 
 __all__ = ["EXIT_INTERRUPTED", "parse_tool_choices", "register", "session_status"]
@@ -37,11 +37,6 @@ KeyOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="print one JSON document")]
 SessionArg = Annotated[str, typer.Argument(metavar="SESSION", help="the session's id")]
-
-
-def _location(store: str) -> StoreLocation:
-    """``--store`` as given: a ``postgresql://`` URL stays text, anything else is a file."""
-    return store if is_url(store) else Path(store)
 
 
 def _home(home: Path | None) -> Any:
@@ -481,7 +476,7 @@ def register(app: typer.Typer) -> None:
 
             if pin:
                 raise typer.BadParameter("--pin is for turns", param_hint="--pin")
-            where: StoreLocation | None = None if store is None else _location(store)
+            where: StoreLocation | None = None if store is None else location(store)
             if reconstruct and where is None:  # the home's store: no appliance needed
                 where = home_store(_home(home).root)
             raise typer.Exit(
@@ -496,7 +491,7 @@ def register(app: typer.Typer) -> None:
             if reconstruct:
                 from harness.reconstruct import reconstruct_turn
 
-                where = _location(store) if store is not None else home_store(h.root)
+                where = location(store) if store is not None else home_store(h.root)
                 if not store_exists(where):
                     raise HomeMissing(f"record store {where} does not exist")
                 bodies = read_bodies(where, session, opener)

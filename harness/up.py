@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from harness.state import Appliance, Home, HomeInUse, HomeLock, write_atomic
-from record.backends import StoreLocation, is_url, store_name
+from record.backends import StoreLocation, is_url, location, store_name
 from record.cli import SIGNING_KEY_FILE, STORE_FILE, home_store
 
 if TYPE_CHECKING:
@@ -353,9 +353,9 @@ def running_appliance(
                 **({"mcp_servers": servers} if servers else {}),
             }
         )
-        location, signing_key = _record_store(home, store)
+        record_at, signing_key = _record_store(home, store)
         log = stack.enter_context(
-            Log.open(location, signing_key=signing_key, appliance_key=appliance_key)
+            Log.open(record_at, signing_key=signing_key, appliance_key=appliance_key)
         )
         if store is not None:  # opened: from now on the home's store
             write_atomic(home.root / STORE_FILE, f"{store}\n".encode(), 0o600)
@@ -384,7 +384,7 @@ def running_appliance(
         appliance = Appliance(
             proxy_url=proxy.url,
             control_socket=str(socket_path),
-            store=str(location),
+            store=str(record_at),
             model=model,
             api="anthropic" if api == "anthropic" else "openai",
             engine_url=running.url if running is not None else None,
@@ -520,8 +520,8 @@ def _record_store(home: Home, store: str | None) -> tuple[StoreLocation, Path | 
             "--store: keep the password out of the URL (it is written to the home): "
             "use ~/.pgpass or PGPASSWORD"
         )
-    location = home_store(home.root) if store is None else (store if is_url(store) else Path(store))
-    return location, home.root / SIGNING_KEY_FILE if is_url(location) else None
+    where = home_store(home.root) if store is None else location(store)
+    return where, home.root / SIGNING_KEY_FILE if is_url(where) else None
 
 
 def serve_forever(home: Home, **options: Any) -> int:

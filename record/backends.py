@@ -14,7 +14,17 @@ from record.errors import StoreMissing
 from record.sqlite_store import SQLiteStore
 from record.store import LogStore
 
-__all__ = ["StoreLocation", "is_url", "open_store", "store_exists", "store_label", "store_name"]
+__all__ = [
+    "StoreLocation",
+    "is_url",
+    "location",
+    "open_store",
+    "reason",
+    "store_exists",
+    "store_label",
+    "store_name",
+    "unreachable",
+]
 
 #: A SQLite file (a path) or a PostgreSQL database (a ``postgresql://`` URL).
 StoreLocation = Path | str
@@ -25,6 +35,23 @@ _SCHEMES = ("postgresql://", "postgres://")
 def is_url(location: StoreLocation) -> bool:
     """Whether ``location`` names a PostgreSQL database rather than a SQLite file."""
     return isinstance(location, str) and location.startswith(_SCHEMES)
+
+
+def location(text: str) -> StoreLocation:
+    """A store as given on a command line or in a file: a URL stays text, the rest is a path
+    (a ``Path`` would fold the URL's ``//``)."""
+    return text if is_url(text) else Path(text)
+
+
+def reason(exc: BaseException) -> str:
+    """A database driver's error in one line: its reason, not the hints that follow it."""
+    said = str(exc).strip().splitlines()
+    return said[0] if said else type(exc).__name__
+
+
+def unreachable(location: StoreLocation, exc: BaseException) -> StoreMissing:
+    """A database that does not answer: a store that is missing (exit 3)."""
+    return StoreMissing(f"cannot reach store {store_name(location)}: {reason(exc)}")
 
 
 def store_name(location: StoreLocation) -> str:
@@ -66,6 +93,4 @@ def open_store(location: StoreLocation, *, readonly: bool = False) -> LogStore:
     try:
         return PostgresStore(str(location), readonly=readonly)
     except psycopg.OperationalError as exc:
-        said = str(exc).strip().splitlines()
-        why = said[0] if said else type(exc).__name__
-        raise StoreMissing(f"cannot reach store {store_name(location)}: {why}") from None
+        raise unreachable(location, exc) from None

@@ -22,7 +22,16 @@ from typing import Annotated, ParamSpec
 import typer
 
 from record.audit import UNSIGNED_TAIL, Problem, Report, verify_store
-from record.backends import StoreLocation, is_url, open_store, store_exists, store_name
+from record.backends import (
+    StoreLocation,
+    is_url,
+    location,
+    open_store,
+    reason,
+    store_exists,
+    store_name,
+    unreachable,
+)
 from record.bundle import export_stream, verify_bundle
 from record.errors import RecordError, StoreMissing, UnknownStream
 from record.redact import RedactionRules
@@ -87,13 +96,14 @@ def _database_error(exc: BaseException, where: object) -> int:
     refusal is a store that is not a readable record (1)."""
     import psycopg
 
-    name = store_name(where) if isinstance(where, str | Path) else "the store"
-    said = str(exc).strip().splitlines()
-    why = said[0] if said else type(exc).__name__
+    place = where if isinstance(where, str | Path) else "the store"
     if isinstance(exc, psycopg.OperationalError):
-        print(f"affidavit: missing: cannot reach store {name}: {why}", file=sys.stderr)
+        print(f"affidavit: missing: {unreachable(place, exc)}", file=sys.stderr)
         return EXIT_MISSING
-    print(f"affidavit: {name} is not a readable record store: {why}", file=sys.stderr)
+    print(
+        f"affidavit: {store_name(place)} is not a readable record store: {reason(exc)}",
+        file=sys.stderr,
+    )
     return EXIT_PROBLEM
 
 
@@ -163,7 +173,7 @@ def home_store(home: Path | None) -> StoreLocation:
             named = None
     if named is None:
         return root / "record.db"
-    return named if is_url(named) else Path(named)
+    return location(named)
 
 
 def _store_of(store: str | None, home: Path | None) -> StoreLocation:
@@ -329,7 +339,7 @@ def log_verify(
 ) -> int:
     """Audit a store (a file or a postgresql:// URL) or a bundle directory (default: the
     home's store)."""
-    target = _store_of(None, home) if path is None else path if is_url(path) else Path(path)
+    target = _store_of(None, home) if path is None else location(path)
     pair = _read_key(key)
     kept = _read_kept(against or [])
     if isinstance(target, Path) and target.is_dir():

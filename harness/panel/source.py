@@ -20,7 +20,6 @@ from record import merkle
 from record.audit import Problem, Row, audit_stream
 from record.backends import (
     StoreLocation,
-    is_url,
     open_store,
     store_exists,
     store_label,
@@ -326,14 +325,10 @@ class ApplianceSource(Source):
         self._key = key
 
     def store_path(self) -> StoreLocation:
-        try:
-            named = self.state.appliance().store
-        except HomeMissing:
-            fallback = home_store(self.state.root)  # `up --store URL`'s, else record.db
-            if store_exists(fallback):
-                return fallback
-            raise
-        return named if is_url(named) else Path(named)
+        found = home_store(self.state.root)  # appliance.json's, else `up --store`'s, else record.db
+        if not store_exists(found):
+            self.state.appliance()  # nothing to read: HomeMissing says no appliance runs here
+        return found
 
     def describe(self) -> str:
         return f"the appliance's record {store_name(self.store_path())} (read-only)"

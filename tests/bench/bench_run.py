@@ -11,10 +11,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_quick(script: str) -> tuple[list[str], dict[str, Any]]:
+def run_quick(script: str, *extra: str) -> tuple[list[str], dict[str, Any]]:
     """The script's output lines and its closing JSON line; fails on a non-zero exit."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--quick"],
+        [sys.executable, str(ROOT / "bench" / script), "--quick", *extra],
         capture_output=True,
         text=True,
         timeout=300,

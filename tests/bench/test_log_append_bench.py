@@ -7,13 +7,10 @@ and the closing JSON line, never a speed.
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
-from bench_run import ROOT, run_quick
+from bench_run import run_quick
 
 from tests.pg_cluster import find_bin_dir
 
@@ -98,16 +95,7 @@ def test_log_append_quick_measures_postgres_beside_sqlite(
 
 
 def test_log_append_no_postgres_measures_sqlite_alone() -> None:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "log_append.py"), "--quick", "--no-postgres"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.strip().splitlines()
-    figures = json.loads(lines[-1])
+    lines, figures = run_quick("log_append.py", "--no-postgres")
     assert lines[0] == "postgres: not measured: --no-postgres; measuring SQLite only"
     assert figures["met"][PG_TARGET] is None
     assert figures["figures"]["run"]["postgres"]["measured"] is False
