@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from record.errors import StoreMissing
+from record.errors import BadStoreLocation, StoreMissing
 from record.sqlite_store import SQLiteStore
 from record.store import LogStore
 
@@ -84,12 +84,18 @@ def open_store(location: StoreLocation, *, readonly: bool = False) -> LogStore:
         return SQLiteStore(location, readonly=readonly)
     try:
         import psycopg
+        from psycopg.conninfo import conninfo_to_dict
 
         from record.postgres_store import PostgresStore
     except ImportError:
         raise StoreMissing(
             "a PostgreSQL store needs the postgres extra: pip install 'affidavit[postgres]'"
         ) from None
+    try:
+        conninfo_to_dict(str(location))
+    except psycopg.ProgrammingError as exc:  # not echoed: the URL may hold a password
+        why = reason(exc).replace(str(location), "…")  # libpq quotes the URL back
+        raise BadStoreLocation(f"the store is not a PostgreSQL URL libpq reads: {why}") from None
     try:
         return PostgresStore(str(location), readonly=readonly)
     except psycopg.OperationalError as exc:

@@ -43,6 +43,14 @@ class BundleError(RecordError):
     code = "malformed_bundle"
 
 
+class BadStoreLocation(RecordError):
+    """A store named in a form no backend reads (a malformed ``postgresql://`` URL): the
+    caller's mistake, a usage error."""
+
+    code = "error"
+    exit_code = 2
+
+
 class StoreMissing(RecordError):
     code = "missing"
     exit_code = 3

@@ -131,7 +131,10 @@ PAGE = 1024
 
 def describe(conninfo: str) -> str:
     """The store's name in messages: the connection string without its password."""
-    params = conninfo_to_dict(conninfo)
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        return "a malformed postgresql:// URL"  # never the text itself: it may hold a password
     host = params.get("host") or "localhost"
     port = f":{params['port']}" if params.get("port") else ""
     user = f"{params['user']}@" if params.get("user") else ""

@@ -106,3 +106,23 @@ def test_postgres_names_fill_what_a_conninfo_leaves_out() -> None:
     assert describe("dbname=rec") == "postgresql://localhost/rec"
     assert describe("host=db.example") == "postgresql://db.example/"
     assert describe("host=h port=5433 user=u password=p dbname=d") == "postgresql://u@h:5433/d"
+
+
+def test_a_malformed_url_is_a_usage_error_that_does_not_echo_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from affidavit.cli import main
+    from record.errors import BadStoreLocation
+
+    url = "postgresql://u:secret@[::1/db"
+    assert store_name(url) == "a malformed postgresql:// URL"
+    with pytest.raises(BadStoreLocation) as caught:
+        open_store(url, readonly=True)
+    assert caught.value.exit_code == 2 and "secret" not in str(caught.value)
+    assert str(caught.value).startswith("the store is not a PostgreSQL URL libpq reads: ")
+    assert main(["log", "verify", url]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert (
+        line.startswith("affidavit: error: the store is not a PostgreSQL URL")
+        and "secret" not in line
+    )
