@@ -4,11 +4,24 @@ and 404 otherwise, and keeps each path it was asked for, in order."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+class _Server(ThreadingHTTPServer):
+    """Joins its request threads when closed, so a slow answer cannot outlive its test and
+    print into the next one; a client that hung up (its own timeout) is not an error here."""
+
+    daemon_threads = False
+    block_on_close = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class StandInKds:
@@ -32,7 +45,7 @@ class StandInKds:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
