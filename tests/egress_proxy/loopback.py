@@ -22,11 +22,11 @@ import uvicorn
 from egress_proxy.config import ProxyConfig, parse_config
 from egress_proxy.server import ProxyServer
 from egress_proxy.sse import EventSplitter, parse_event
+from record.backends import open_store
 from record.log import Log
 from record.reader import StreamKeys
 from record.schema import Entry, Strict, parse_entry
 from record.seal import KeyPair
-from record.sqlite_store import SQLiteStore
 
 OPENAI_KEY = "sk-upstream-openai-0123456789"
 ANTHROPIC_KEY = "sk-ant-upstream-0123456789"
@@ -167,9 +167,12 @@ def proxy_config(
     return parse_config(doc)
 
 
-def read_bodies(store_path: Path, stream: str, key: KeyPair) -> dict[int, tuple[Entry, Strict]]:
-    """Every entry of ``stream`` with its opened body, read from the store file read-only."""
-    store = SQLiteStore(store_path, readonly=True)
+def read_bodies(
+    store_path: Path | str, stream: str, key: KeyPair
+) -> dict[int, tuple[Entry, Strict]]:
+    """Every entry of ``stream`` with its opened body, read from the store (a file or a
+    PostgreSQL URL) read-only."""
+    store = open_store(store_path, readonly=True)
     try:
         entries = [parse_entry(e.line) for e in store.entries(stream)]
     finally:

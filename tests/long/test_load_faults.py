@@ -1,6 +1,7 @@
 """Load with faults (``make test-long``): 64 sessions × 50 calls, half of them streamed,
 through a proxy in a process of its own to a fast loopback upstream, while the proxy is
-SIGKILLed and started again three times on the same port.
+SIGKILLed and started again three times on the same port; once over a SQLite file and once
+over a PostgreSQL database (the run's private cluster, ``tests.pg_server``).
 
 Each client keeps its session's base URL and token across the kills (the session book brings
 the sessions back) and retries a call until one is acknowledged: a whole reply carrying the
@@ -35,6 +36,7 @@ import pytest
 from record.schema import ModelRequest, ModelResponse
 from record.seal import KeyPair
 from tests.egress_proxy.loopback import LoopbackServer, read_bodies, split_annotation
+from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
 pytestmark = pytest.mark.long
 
@@ -168,15 +170,26 @@ def provider() -> Iterator[str]:
         yield server.url
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where the record goes: a SQLite file, or a fresh database of the run's cluster."""
+    if request.param == "sqlite":
+        yield str(tmp_path / "record.db")
+        return
+    server = request.getfixturevalue("postgres_server")
+    url: str = server.fresh_database()
+    yield url
+    server.drop_database(url)
+
+
 @pytest.mark.timeout(900)
 def test_every_acknowledged_call_is_recorded_once_through_three_kills(
-    tmp_path: Path, provider: str
+    tmp_path: Path, provider: str, store: str
 ) -> None:
     appliance, user = KeyPair.generate(), KeyPair.generate()
     appliance.write(tmp_path / "appliance.pem")
-    store = tmp_path / "record.db"
     proxy = Proxy(
-        [sys.executable, "-m", "tests.long._load_proxy", str(store),
+        [sys.executable, "-m", "tests.long._load_proxy", store,
          str(tmp_path / "appliance.pem"), provider, str(free_port()),
          str(tmp_path / "sessions.db")]
     )  # fmt: skip
@@ -212,7 +225,7 @@ def test_every_acknowledged_call_is_recorded_once_through_three_kills(
     key_file = tmp_path / "user.pem"
     user.write(key_file)
     verified = subprocess.run(
-        [sys.executable, "-m", "affidavit", "log", "verify", str(store),
+        [sys.executable, "-m", "affidavit", "log", "verify", store,
          "--key", str(key_file)],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
