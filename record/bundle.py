@@ -88,12 +88,15 @@ def _write_stream(store: LogStore, stream: str, out: Path, boot: list[str]) -> d
     out.mkdir(parents=True, exist_ok=True)
     count = 0
     recipients: list[str] = []
+    opened_by = ""  # the log key the stream's opening names: a shared store has no other
     with _atomic(out / ENTRIES) as fh:
         for stored in store.entries(stream):
             fh.write(stored.line + b"\n")
             count += 1
             if b'"kind":"stream.opened"' in stored.line or b'"kind":"key.rotated"' in stored.line:
                 entry = parse_entry(stored.line)
+                if entry.kind == "stream.opened" and isinstance(entry.body, dict):
+                    opened_by = str(entry.body.get("log_key") or "")
                 if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
                     for item in entry.body.get("recipients", []):  # type: ignore[union-attr]
                         if isinstance(item, dict) and item["recipient"] not in recipients:
@@ -109,7 +112,7 @@ def _write_stream(store: LogStore, stream: str, out: Path, boot: list[str]) -> d
         for name, data in evidence:
             with _atomic(out / EVIDENCE / name) as fh:
                 fh.write(data)
-    log_key = store.get_meta("log_key") or ""
+    log_key = store.get_meta("log_key") or opened_by
     with _atomic(out / LOG_KEY) as fh:
         fh.write(log_key.encode() + b"\n")
     with _atomic(out / RECIPIENTS) as fh:

@@ -33,7 +33,9 @@ from record.backends import (
     unreachable,
 )
 from record.bundle import export_stream, verify_bundle
+from record.checkpoint import Signer
 from record.errors import RecordError, StoreMissing, UnknownStream
+from record.log import LOG_KEY_NAME
 from record.redact import RedactionRules
 from record.seal import KeyPair
 from record.show import show_stream
@@ -419,13 +421,25 @@ def log_show(
 
 
 def log_key(store: _Store = None, home: _Home = None, as_json: _Json = False) -> int:
-    """Print the log's checkpoint verifier key."""
+    """Print the log's checkpoint verifier key: the store's, or for a database several
+    appliances share, this home's appliance's."""
     source = _store_of(store, home)
     opened = open_store(source, readonly=True)
     try:
         vkey = opened.get_meta("log_key")
+        shared = opened.shared
     finally:
         opened.close()
+    mine = home_root(home) / SIGNING_KEY_FILE
+    if vkey is None and shared and mine.is_file():
+        vkey = Signer.load_or_create(mine, LOG_KEY_NAME).vkey()
+    if vkey is None and shared:
+        print(
+            f"store {store_name(source)} is shared and keeps no one log key (each stream's is "
+            f"in its stream.opened), and {mine} holds no appliance's key",
+            file=sys.stderr,
+        )
+        return EXIT_PROBLEM
     if vkey is None:
         print(f"store {store_name(source)} has no log key yet", file=sys.stderr)
         return EXIT_PROBLEM

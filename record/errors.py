@@ -7,6 +7,9 @@
     ├── CannotOpen                   a sealed body could not be opened: wrong key or tampered
     ├── UnknownStream                a stream that the store does not hold (exit 1)
     ├── BundleError                  an exported bundle that is truncated or malformed (exit 1)
+    ├── LeaseHeld                    another live writer holds the stream (exit 1)
+    │   └── LeaseLost                the writer's lease was taken from it mid-write (exit 1)
+    ├── NotOwner                     a stream another appliance's log key opened (exit 1)
     └── StoreMissing                 a store, bundle or key file that is not there (exit 3)
 
 Misuse (wrong lengths, wrong types from our own callers) raises ``ValueError`` instead.
@@ -41,6 +44,22 @@ class UnknownStream(RecordError):
 
 class BundleError(RecordError):
     code = "malformed_bundle"
+
+
+class LeaseHeld(RecordError):
+    """One writer per stream: a second one is refused while the first is alive."""
+
+    code = "lease_held"
+
+
+class LeaseLost(LeaseHeld):
+    code = "lease_lost"
+
+
+class NotOwner(RecordError):
+    """A stream is written only by the appliance whose log key opened it, for life."""
+
+    code = "not_owner"
 
 
 class BadStoreLocation(RecordError):

@@ -13,6 +13,12 @@ appender hears it is durable: the signing delay is bounded by one group commit, 
 one Ed25519 signature per stream per batch, not per entry. ``checkpoint(stream)`` signs one on
 demand (a stream with no new entries, or an old store's unsigned tail).
 
+One writer per stream, for life: a stream is written only by the appliance whose log key its
+``stream.opened`` names (``NotOwner`` otherwise), and only by one live process of it at a
+time, which takes the stream's lease (``record.store``) before its first write to it. A
+process that takes the lease from one that never let go (a crash) first writes
+``lease.taken``, naming the writer before it.
+
 This module never verifies: ``record.audit`` does, from the bytes alone.
 """
 
@@ -21,8 +27,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import os
 import queue
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -36,12 +45,13 @@ from record import merkle
 from record.backends import is_url, open_store
 from record.checkpoint import Checkpoint, Signer, log_origin, sign_checkpoint
 from record.digest import Domain, canonical_json, digest
-from record.errors import CannotOpen, RecordError, UnknownStream
+from record.errors import CannotOpen, NotOwner, RecordError, UnknownStream
 from record.schema import (
     CLEAR_KINDS,
     SCHEMA_VERSION,
     EvidenceArchived,
     KeyRotated,
+    LeaseTaken,
     StreamName,
     StreamOpened,
     Strict,
@@ -54,6 +64,8 @@ from record.schema import (
 )
 from record.seal import KeyPair, RecipientKey, new_data_key, seal_buffer
 from record.store import (
+    LEASE_WAIT_S,
+    Lease,
     LogStore,
     PendingCheckpoint,
     PendingEntry,
@@ -127,6 +139,7 @@ class _StreamState:
     tree: merkle.CompactRange
     epoch: int
     data_key: bytes | None  # None until opened with a recipient key (after a restart)
+    owner: str | None = None  # the log key its stream.opened names (None: not read here)
 
 
 @dataclass
@@ -149,15 +162,25 @@ class Log:
         signer: Signer,
         *,
         appliance_key: KeyPair | None = None,
+        lease_wait: float = LEASE_WAIT_S,
     ) -> None:
+        """``lease_wait``: how long the first write to a stream waits for another live writer
+        of it to let go before it is refused (``LeaseHeld``)."""
         self.store = store
         self.signer = signer
         self.appliance_key = appliance_key
-        existing = store.get_meta("log_key")
-        if existing is None:
-            store.set_meta("log_key", signer.vkey())
-        elif existing != signer.vkey():
-            raise RecordError(f"this store's checkpoints are signed by {existing}, not this key")
+        if not store.shared:  # one appliance's own file: one log key for all of it
+            existing = store.get_meta("log_key")
+            if existing is None:
+                store.set_meta("log_key", signer.vkey())
+            elif existing != signer.vkey():
+                raise RecordError(
+                    f"this store's checkpoints are signed by {existing}, not this key"
+                )
+        #: this process's name on the leases it takes: host, process id, a random tag
+        self.holder = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+        self._leased: set[str] = set()  # written by the writer thread only
+        self._lease_wait = lease_wait
         self._streams: dict[str, _StreamState] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # the store's writer connection is not shareable
@@ -174,6 +197,7 @@ class Log:
         *,
         signing_key: Path | None = None,
         appliance_key: KeyPair | None = None,
+        lease_wait: float = LEASE_WAIT_S,
     ) -> Log:
         """Open (or create) a store and its log signing key (0600, created at first start).
 
@@ -189,7 +213,7 @@ class Log:
             path = Path(location)
             key_path = signing_key or path.with_name(path.name + ".signing-key")
         signer = Signer.load_or_create(key_path, LOG_KEY_NAME)
-        return cls(open_store(location), signer, appliance_key=appliance_key)
+        return cls(open_store(location), signer, appliance_key=appliance_key, lease_wait=lease_wait)
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -270,7 +294,11 @@ class Log:
             self._closed = True
             self._queue.put(None)
             self._thread.join()
-            self.store.close()
+            try:
+                if self._leased:  # a clean stop: the next writer takes over, no takeover
+                    self.store.release_leases(self.holder)
+            finally:
+                self.store.close()
 
     def __enter__(self) -> Log:
         return self
@@ -301,6 +329,50 @@ class Log:
         self._queue.put(request)
         return request.future
 
+    def _with_leases(self, batch: list[_Request]) -> list[_Request]:
+        """The batch, each stream leased to this writer first (on the writer's thread, which
+        owns the store's writer connection): a request for a stream another appliance opened,
+        or that another live process writes, fails alone. A takeover from a writer that never
+        let go (a crash) puts ``lease.taken`` before the stream's first entry here."""
+        ready: list[_Request] = []
+        for request in batch:
+            if request.stream not in self._leased:
+                try:
+                    orphaned = self._take_lease(request)
+                except BaseException as exc:
+                    request.future.set_exception(exc)
+                    continue
+                if orphaned is not None:
+                    body = LeaseTaken(
+                        holder=self.holder,
+                        previous_holder=orphaned.holder,
+                        previous_since=orphaned.since,
+                    )
+                    ready.append(_Request(request.stream, body.kind, canonical_body(body)))
+            ready.append(request)
+        return ready
+
+    def _take_lease(self, request: _Request) -> Lease | None:
+        opening = request.kind == "stream.opened"
+        if not opening:
+            owner = self._state(request.stream).owner
+            if owner is not None and owner != self.signer.vkey():
+                raise NotOwner(
+                    f"stream {request.stream!r} was opened by the appliance whose log key is "
+                    f"{owner}; this one ({self.signer.vkey()}) may not append to it: continue "
+                    "the session in a new stream"
+                )
+        with self._write_lock:
+            orphaned = self.store.take_lease(request.stream, self.holder, wait=self._lease_wait)
+        self._leased.add(request.stream)
+        # what was read of the stream before it was ours may be stale: the writer it waited
+        # for may have appended since; read it again, now that nobody else can
+        with self._lock:
+            self._streams.pop(request.stream, None)
+        # a stream's first entry is its opening: an opening that crashed before its commit
+        # left a lease and nothing else, and there is nothing to record it in
+        return None if opening else orphaned
+
     def _state(self, stream: str) -> _StreamState:
         with self._lock:
             state = self._streams.get(stream)
@@ -312,14 +384,15 @@ class Log:
         tree = merkle.CompactRange()
         for leaf in leaves:
             tree.append(leaf)
-        epoch, data_key = self._recover_key(stream)
-        state = _StreamState(tree, epoch, data_key)
+        epoch, data_key, owner = self._recover_key(stream)
+        state = _StreamState(tree, epoch, data_key, owner)
         with self._lock:
             return self._streams.setdefault(stream, state)
 
-    def _recover_key(self, stream: str) -> tuple[int, bytes | None]:
-        """The latest data key after a restart, unwrapped with the appliance's own key."""
-        epoch, wrapped = 0, None
+    def _recover_key(self, stream: str) -> tuple[int, bytes | None, str | None]:
+        """After a restart: the latest data key, unwrapped with the appliance's own key, and
+        the log key the stream's opening names (its owner)."""
+        epoch, wrapped, owner = 0, None, None
         for stored in self.store.entries(stream):
             if not stored.line.startswith(b'{"body":{'):
                 continue  # a sealed body: only clear (key-distribution) entries matter here
@@ -327,14 +400,16 @@ class Log:
             if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
                 epoch = int(entry.body["key_epoch"])  # type: ignore[arg-type]
                 wrapped = entry.body["recipients"]
+                if entry.kind == "stream.opened":
+                    owner = str(entry.body.get("log_key"))
         if self.appliance_key is None or not isinstance(wrapped, list):
-            return epoch, None
+            return epoch, None, owner
         mine = self.appliance_key.recipient.text()
         for item in wrapped:
             if isinstance(item, dict) and item.get("recipient") == mine:
                 sealed_key = base64.b64decode(str(item["sealed_key"]))
-                return epoch, self.appliance_key.unwrap(sealed_key, stream, epoch)
-        return epoch, None
+                return epoch, self.appliance_key.unwrap(sealed_key, stream, epoch), owner
+        return epoch, None, owner
 
     def _run(self) -> None:
         while True:
@@ -357,6 +432,7 @@ class Log:
                 return
 
     def _commit(self, batch: list[_Request]) -> None:
+        batch = self._with_leases(batch)
         trees: dict[str, merkle.CompactRange] = {}
         keys: dict[str, tuple[int, bytes | None]] = {}
         pending: list[PendingEntry] = []
@@ -389,14 +465,18 @@ class Log:
 
         try:
             with self._write_lock:
-                stored, signed = self.store.append(pending, list(wanted.values()), on_built)
+                stored, signed = self.store.append(
+                    pending, list(wanted.values()), on_built, holder=self.holder
+                )
         except BaseException as exc:
             for request in live:
                 request.future.set_exception(exc)
             return
         for stream, tree in trees.items():
             epoch, key = keys[stream]
-            self._streams[stream] = _StreamState(tree, epoch, key)
+            before = self._streams.get(stream)  # a stream opened here is this key's own
+            owner = before.owner if before is not None else self.signer.vkey()
+            self._streams[stream] = _StreamState(tree, epoch, key, owner)
         notes = {cp.stream: cp for cp in signed}
         entries = iter(stored)
         for request in live:

@@ -27,11 +27,19 @@ settings, off by default) make it wait a little to gather more.
 
 Readers take their own pooled connections and, under MVCC, never block the writer nor see an
 uncommitted batch.
+
+One writer per stream, across every appliance sharing the database: a stream's lease is a
+session-level advisory lock, held on a connection of its own for as long as the writer runs
+(the server drops it when that session ends: a clean close, or the writer's process dying),
+and a row in ``leases`` that says who took it and whether they let go. Taking the row, like
+every batch's check of it, happens under the stream's transaction lock, so a batch never
+interleaves with a change of hands.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, LiteralString
 
@@ -40,13 +48,18 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from record.errors import StoreMissing
+from record.schema import utc_timestamp
 from record.store import (
+    LEASE_WAIT_S,
+    Lease,
     LogStore,
     PendingCheckpoint,
     PendingEntry,
     StoredCheckpoint,
     StoredEntry,
     check_evidence_name,
+    claim,
+    lease_held,
     write_batch,
 )
 
@@ -74,6 +87,12 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
         key   TEXT PRIMARY KEY,
         value TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS leases (
+        stream   TEXT    PRIMARY KEY,
+        holder   TEXT    NOT NULL,
+        since    TEXT    NOT NULL,
+        released BOOLEAN NOT NULL
     )""",
     """CREATE OR REPLACE FUNCTION affidavit_append_only() RETURNS trigger
         LANGUAGE plpgsql AS $$
@@ -105,7 +124,13 @@ _READER_OPTIONS = "-c synchronous_commit=on -c default_transaction_read_only=on"
 _LOCK_SPACE = 0x41666664  # "Affd"
 _SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(%s, 0)"
 _STREAM_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
-_HAS_SCHEMA = "SELECT to_regclass('entries') IS NOT NULL"
+# A lease's lock lives in a space of its own: a session lock and a transaction lock on one
+# key would block each other, and a batch must not wait for its own writer's lease.
+_LEASE_SPACE = 0x4166644C  # "AffL"
+_TRY_LEASE = "SELECT pg_try_advisory_lock(%s, hashtext(%s))"
+_HAS_RECORD = "SELECT to_regclass('entries') IS NOT NULL"
+# The newest table: a database without it gets the (idempotent) DDL.
+_HAS_SCHEMA = "SELECT to_regclass('leases') IS NOT NULL"
 _SHOW = "SELECT current_setting(%s)"
 _INSERT_EVIDENCE = "INSERT INTO evidence (stream, name, data) VALUES (%s, %s, %s)"
 _INSERT_ENTRY = "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (%s, %s, %s, %s)"
@@ -124,6 +149,16 @@ _LEAF_HASHES = (
 )
 _CHECKPOINTS = "SELECT size, note FROM checkpoints WHERE stream = %s ORDER BY id"
 _EVIDENCE = "SELECT name, data FROM evidence WHERE stream = %s ORDER BY name"
+_LEASE = "SELECT holder, since, released FROM leases WHERE stream = %s"
+_LEASES = "SELECT stream, holder, since, released FROM leases WHERE stream = ANY(%s)"
+_PUT_LEASE = (
+    "INSERT INTO leases (stream, holder, since, released) VALUES (%s, %s, %s, false)"
+    " ON CONFLICT (stream) DO UPDATE SET holder = EXCLUDED.holder, since = EXCLUDED.since,"
+    " released = false"
+)
+_RELEASE = "UPDATE leases SET released = true WHERE holder = %s"
+#: How often a waiting ``take_lease`` tries the lock again.
+_LEASE_POLL_S = 0.05
 
 #: Entries read per query by ``entries()``: a long stream is paged, never held whole.
 PAGE = 1024
@@ -142,20 +177,25 @@ def describe(conninfo: str) -> str:
 
 
 class PostgresStore(LogStore):
-    """A store in one PostgreSQL database (``conninfo``: a URL or ``key=value`` string).
+    """A store in one PostgreSQL database (``conninfo``: a URL or ``key=value`` string),
+    which several appliances may share (``shared``).
 
     ``readonly=True`` opens an existing store for audit: it never creates the tables, its
     sessions are read-only at the server, and every write is refused here first.
     """
+
+    shared = True
 
     def __init__(self, conninfo: str, *, readonly: bool = False, max_connections: int = 8) -> None:
         self.name = describe(conninfo)
         self.readonly = readonly
         given = str(conninfo_to_dict(conninfo).get("options") or "")
         options = f"{given} {_READER_OPTIONS if readonly else _WRITER_OPTIONS}".strip()
+        self._conninfo, self._options = conninfo, options
+        self._lease_conn: psycopg.Connection[Any] | None = None  # holds the leases' locks
         with psycopg.connect(conninfo, autocommit=True, options=options) as conn:
             if readonly:
-                if not _fetch_one(conn, _HAS_SCHEMA, ()):
+                if not _fetch_one(conn, _HAS_RECORD, ()):
                     raise StoreMissing(f"store {self.name} holds no record (no entries table)")
             else:
                 with conn.transaction():
@@ -197,13 +237,47 @@ class PostgresStore(LogStore):
         entries: Sequence[PendingEntry],
         checkpoints: Sequence[PendingCheckpoint] = (),
         on_built: Callable[[StoredEntry], None] | None = None,
+        holder: str | None = None,
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         pool = self._writable()
         touched = sorted({p.stream for p in entries} | {cp.stream for cp in checkpoints})
         with pool.connection() as conn, conn.transaction():
             for stream in touched:  # sorted: two batches lock in one order, never deadlock
                 conn.execute(_STREAM_LOCK, (_LOCK_SPACE, stream))
-            return write_batch(_Batch(conn), entries, checkpoints, on_built)
+            return write_batch(_Batch(conn), entries, checkpoints, on_built, holder)
+
+    def take_lease(self, stream: str, holder: str, *, wait: float = LEASE_WAIT_S) -> Lease | None:
+        self._writable()
+        if self._lease_conn is None or self._lease_conn.closed:
+            self._lease_conn = psycopg.connect(
+                self._conninfo, autocommit=True, options=self._options
+            )
+        conn = self._lease_conn
+        deadline = time.monotonic() + wait
+        while not _fetch_one(conn, _TRY_LEASE, (_LEASE_SPACE, stream)):
+            if time.monotonic() >= deadline:
+                raise lease_held(stream, _lease_row(conn, stream))
+            time.sleep(_LEASE_POLL_S)
+        with conn.transaction():
+            conn.execute(_STREAM_LOCK, (_LOCK_SPACE, stream))  # no batch of it meanwhile
+            taken, orphaned = claim(stream, _lease_row(conn, stream), holder, utc_timestamp())
+            conn.execute(_PUT_LEASE, (stream, taken.holder, taken.since))
+        return orphaned
+
+    def release_leases(self, holder: str) -> None:
+        with self._writable().connection() as conn:
+            conn.execute(_RELEASE, (holder,))
+        self._drop_locks()
+
+    def _drop_locks(self) -> None:
+        """End the leases' session: the server drops every lock it held."""
+        if self._lease_conn is not None:
+            self._lease_conn.close()
+            self._lease_conn = None
+
+    def lease(self, stream: str) -> Lease | None:
+        with self._pool.connection() as conn:
+            return _lease_row(conn, stream)
 
     def set_meta(self, key: str, value: str) -> None:
         with self._writable().connection() as conn, conn.transaction():
@@ -263,6 +337,7 @@ class PostgresStore(LogStore):
         with self._close_lock:
             if not self._closed:
                 self._closed = True
+                self._drop_locks()
                 self._pool.close()
 
 
@@ -274,11 +349,20 @@ def _fetch_one(
     return row[0]
 
 
+def _lease_row(conn: psycopg.Connection[Any], stream: str) -> Lease | None:
+    row = conn.execute(_LEASE, (stream,)).fetchone()
+    return None if row is None else Lease(stream, str(row[0]), str(row[1]), bool(row[2]))
+
+
 class _Batch:
     """An open transaction of the pool, as ``write_batch`` writes a batch into it."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self._conn = conn
+
+    def leases(self, streams: Sequence[str]) -> dict[str, Lease]:
+        rows = self._conn.execute(_LEASES, (list(streams),)).fetchall()
+        return {str(s): Lease(str(s), str(h), str(since), bool(r)) for s, h, since, r in rows}
 
     def size(self, stream: str) -> int:
         return int(_fetch_one(self._conn, _SIZE, (stream,)))

@@ -362,6 +362,16 @@ class EvidenceArchived(Strict):
     evidence_digest: Digest  # 0x0B over the file's bytes
 
 
+class LeaseTaken(Strict):
+    """A writer took the stream over from one that never let go of it (it crashed): the
+    stream's own account of a change of hands (``record.store``, one writer per stream)."""
+
+    kind: Literal["lease.taken"] = "lease.taken"
+    holder: str  # the writer now (host, process id and a random tag)
+    previous_holder: str  # the writer that held the stream and never released it
+    previous_since: Timestamp  # when that writer had taken it
+
+
 Body = (
     StreamOpened
     | KeyRotated
@@ -377,6 +387,7 @@ Body = (
     | TurnDecided
     | PinsSet
     | EvidenceArchived
+    | LeaseTaken
 )
 
 BODY_MODELS: dict[str, type[Strict]] = {
@@ -396,6 +407,7 @@ BODY_MODELS: dict[str, type[Strict]] = {
         TurnDecided,
         PinsSet,
         EvidenceArchived,
+        LeaseTaken,
     )
 }
 

@@ -7,25 +7,40 @@ the file in rollback-journal mode, which read-only openers (``mode=ro``) never w
 block the writer. Triggers refuse any UPDATE or DELETE, so the file is append-only unless
 someone edits it by hand (which ``record.audit`` then catches).
 
-One writer per store: the connection is used from one thread at a time (``record.log``
-runs all appends on its writer thread and groups concurrent appenders into one commit).
+One writer connection per store object: it is used from one thread at a time
+(``record.log`` runs all appends on its writer thread and groups concurrent appenders into
+one commit). One writer per stream across processes: a stream's lease is a lock on one byte
+of ``<file>-leases`` (the byte is the stream name's hash), held on the open file description
+(Linux's OFD locks; the kernel drops it when the process ends, however it ends) and a row in
+``leases`` that says who took it and whether they let go.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
+import os
 import sqlite3
+import struct
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from record.errors import StoreMissing
+from record.schema import utc_timestamp
 from record.store import (
+    LEASE_WAIT_S,
+    Lease,
     LogStore,
     PendingCheckpoint,
     PendingEntry,
     StoredCheckpoint,
     StoredEntry,
     check_evidence_name,
+    claim,
+    lease_held,
     write_batch,
 )
 
@@ -52,6 +67,12 @@ CREATE TABLE IF NOT EXISTS evidence (
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
     value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS leases (
+    stream   TEXT    PRIMARY KEY,
+    holder   TEXT    NOT NULL,
+    since    TEXT    NOT NULL,
+    released INTEGER NOT NULL
 );
 CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
     BEGIN SELECT RAISE(ABORT, 'the record is append-only'); END;
@@ -94,6 +115,15 @@ _STREAMS = "SELECT stream FROM entries UNION SELECT stream FROM checkpoints ORDE
 _LEAF_HASHES = "SELECT leaf_hash FROM entries WHERE stream = ? AND (? < 0 OR seq < ?) ORDER BY seq"
 _CHECKPOINTS = "SELECT size, note FROM checkpoints WHERE stream = ? ORDER BY id"
 _EVIDENCE = "SELECT name, data FROM evidence WHERE stream = ? ORDER BY name"
+_LEASE = "SELECT holder, since, released FROM leases WHERE stream = ?"
+_PUT_LEASE = "INSERT OR REPLACE INTO leases (stream, holder, since, released) VALUES (?, ?, ?, ?)"
+_RELEASE = "UPDATE leases SET released = 1 WHERE holder = ?"
+
+# ``struct flock`` as Linux lays it out on 64-bit machines (type, whence, start, len, pid):
+# Python's fcntl module takes it packed, and no library wraps open-file-description locks.
+_FLOCK = struct.Struct("hhqqi4x")
+#: How often a waiting ``take_lease`` tries the lock again.
+_LEASE_POLL_S = 0.05
 
 
 class SQLiteStore(LogStore):
@@ -108,6 +138,7 @@ class SQLiteStore(LogStore):
         self._readers: list[sqlite3.Connection] = []  # every thread's, so close() ends them all
         self._readers_lock = threading.Lock()
         self._writer: sqlite3.Connection | None = None
+        self._lease_fd: int | None = None  # ``<file>-leases``, opened at the first lease
         if not readonly:
             self._writer = self._connect(readonly=False)
             self._writer.executescript(_SCHEMA)
@@ -160,16 +191,63 @@ class SQLiteStore(LogStore):
         entries: Sequence[PendingEntry],
         checkpoints: Sequence[PendingCheckpoint] = (),
         on_built: Callable[[StoredEntry], None] | None = None,
+        holder: str | None = None,
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         conn = self._writable()
         conn.execute(_BEGIN)
         try:
-            written = write_batch(_Batch(conn), entries, checkpoints, on_built)
+            written = write_batch(_Batch(conn), entries, checkpoints, on_built, holder)
             conn.execute(_COMMIT)
         except BaseException:
             conn.execute(_ROLLBACK)
             raise
         return written
+
+    def take_lease(self, stream: str, holder: str, *, wait: float = LEASE_WAIT_S) -> Lease | None:
+        conn = self._writable()
+        if self._lease_fd is None:
+            self._lease_fd = os.open(
+                f"{self.path}-leases", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+            )
+        offset = int.from_bytes(hashlib.sha256(stream.encode()).digest()[:6], "big")
+        deadline = time.monotonic() + wait
+        while not _lock_byte(self._lease_fd, offset):
+            if time.monotonic() >= deadline:
+                raise lease_held(stream, self._lease_row(conn, stream))
+            time.sleep(_LEASE_POLL_S)
+        conn.execute(_BEGIN)
+        try:
+            taken, orphaned = claim(stream, self._lease_row(conn, stream), holder, utc_timestamp())
+            conn.execute(_PUT_LEASE, (stream, taken.holder, taken.since, 0))
+            conn.execute(_COMMIT)
+        except BaseException:
+            conn.execute(_ROLLBACK)
+            raise
+        return orphaned
+
+    def release_leases(self, holder: str) -> None:
+        conn = self._writable()
+        conn.execute(_BEGIN)
+        try:
+            conn.execute(_RELEASE, (holder,))
+            conn.execute(_COMMIT)
+        except BaseException:
+            conn.execute(_ROLLBACK)
+            raise
+        self._drop_locks()
+
+    def _drop_locks(self) -> None:
+        if self._lease_fd is not None:
+            os.close(self._lease_fd)  # drops every lock taken through it
+            self._lease_fd = None
+
+    @staticmethod
+    def _lease_row(conn: sqlite3.Connection, stream: str) -> Lease | None:
+        row = conn.execute(_LEASE, (stream,)).fetchone()
+        return None if row is None else Lease(stream, str(row[0]), str(row[1]), bool(row[2]))
+
+    def lease(self, stream: str) -> Lease | None:
+        return self._lease_row(self._reader(), stream)
 
     @staticmethod
     def _size(conn: sqlite3.Connection, stream: str) -> int:
@@ -247,6 +325,7 @@ class SQLiteStore(LogStore):
         for conn in readers:
             conn.close()
         self._local = threading.local()
+        self._drop_locks()
         if self._writer is not None:
             self._leave_wal(self._writer)
             self._writer.close()
@@ -269,11 +348,32 @@ class SQLiteStore(LogStore):
             pass  # busy: someone else has the store open; it stays in WAL mode
 
 
+def _lock_byte(fd: int, offset: int) -> bool:
+    """Take a write lock on one byte of ``fd``'s file without waiting; False when another
+    holds it. The lock belongs to the open file description (``F_OFD_SETLK``): a second
+    store object in the same process is refused like another process would be."""
+    request = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    try:
+        if hasattr(fcntl, "F_OFD_SETLK"):
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+        else:  # no OFD locks (macOS): the process's own lock, which suffices across processes
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, offset)
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
 class _Batch:
     """The writer's open transaction, as ``write_batch`` writes a batch into it."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+
+    def leases(self, streams: Sequence[str]) -> dict[str, Lease]:
+        rows = (SQLiteStore._lease_row(self._conn, stream) for stream in streams)
+        return {row.stream: row for row in rows if row is not None}  # in-process: no trips
 
     def size(self, stream: str) -> int:
         return SQLiteStore._size(self._conn, stream)

@@ -6,6 +6,10 @@
   durable when it returns, or none is written.
 - Nothing is ever updated or deleted.
 - Readers never block the writer.
+- One writer per stream: a writer first takes the stream's lease (``take_lease``), which only
+  one live process holds at a time, and every batch it writes checks, inside its transaction,
+  that the lease is still its own. A holder that ends without letting go (a crash) loses the
+  lease when its process does (its session, its lock); the next taker learns who that was.
 
 This module holds only the contract and its plain data types; it never touches a database.
 """
@@ -16,6 +20,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from record.errors import LeaseHeld, LeaseLost
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,28 @@ class PendingCheckpoint:
     sign: Callable[[int], bytes]
 
 
+#: How long ``take_lease`` waits for a live holder to let go before refusing: a crashed
+#: holder's database session can take a moment to end after its process did.
+LEASE_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A stream's writer lease, as its row says: who took it, when, and whether they let go."""
+
+    stream: str
+    holder: str
+    since: str  # RFC 3339 UTC, the taker's clock
+    released: bool
+
+
+def claim(stream: str, row: Lease | None, holder: str, now: str) -> tuple[Lease, Lease | None]:
+    """The lease ``holder`` writes once it holds the stream's lock, and the one it replaces
+    when that holder never let go (a crash: the caller records it); ``None`` otherwise."""
+    orphaned = row if row is not None and not row.released and row.holder != holder else None
+    return Lease(stream, holder, now, released=False), orphaned
+
+
 class BatchTarget(Protocol):
     """One open write transaction of a backend, as :func:`write_batch` uses it."""
 
@@ -73,20 +101,33 @@ class BatchTarget(Protocol):
 
     def insert_checkpoint(self, checkpoint: StoredCheckpoint) -> None: ...
 
+    def leases(self, streams: Sequence[str]) -> dict[str, Lease]:
+        """The lease rows of ``streams`` (those that have one), as this transaction sees
+        them: one read for the whole batch."""
+        ...
+
 
 def write_batch(
     target: BatchTarget,
     entries: Sequence[PendingEntry],
     checkpoints: Sequence[PendingCheckpoint],
     on_built: Callable[[StoredEntry], None] | None,
+    holder: str | None = None,
 ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
     """The contract's one way to write a batch, inside the backend's open transaction.
 
-    Each entry gets the next ``seq`` of its stream (read once from the transaction, then
-    counted here), is built for it, and is inserted with its evidence, if any; each
-    checkpoint is then signed over its stream's size after the batch. Every backend calls
-    this, so ``seq`` is assigned the same way whatever holds the rows.
+    With ``holder``, every stream the batch touches must be leased to it (else
+    ``LeaseLost``, and the backend rolls the whole batch back). Each entry gets the next
+    ``seq`` of its stream (read once from the transaction, then counted here), is built for
+    it, and is inserted with its evidence, if any; each checkpoint is then signed over its
+    stream's size after the batch. Every backend calls this, so ``seq`` is assigned the same
+    way whatever holds the rows.
     """
+    if holder is not None:
+        touched = sorted({p.stream for p in entries} | {cp.stream for cp in checkpoints})
+        held = target.leases(touched)
+        for stream in touched:
+            check_lease(stream, held.get(stream), holder)
     next_seq: dict[str, int] = {}
     stored: list[StoredEntry] = []
     signed: list[StoredCheckpoint] = []
@@ -115,8 +156,31 @@ def write_batch(
     return stored, signed
 
 
+def lease_held(stream: str, lease: Lease | None) -> LeaseHeld:
+    """The refusal of a second writer, naming who holds the stream as its lease row says."""
+    who = f"{lease.holder}, since {lease.since}" if lease is not None else "another writer"
+    return LeaseHeld(
+        f"stream {stream!r} is being written by another live process ({who}): one writer per "
+        "stream; stop that one first, or continue the session in a new stream"
+    )
+
+
+def check_lease(stream: str, lease: Lease | None, holder: str) -> None:
+    """Refuse a write by ``holder`` to a stream whose lease is not (or no longer) its own."""
+    if lease is None or lease.holder != holder or lease.released:
+        now = "nobody" if lease is None or lease.released else lease.holder
+        raise LeaseLost(
+            f"stream {stream!r}: this writer ({holder}) does not hold its lease ({now} does); "
+            "nothing of this batch was written"
+        )
+
+
 class LogStore(ABC):
     """A durable, append-only home for entries and checkpoints."""
+
+    #: Whether several appliances may share it (a database server, not a local file): then
+    #: each stream's log key is its own, named by its ``stream.opened``, not one per store.
+    shared = False
 
     @abstractmethod
     def append(
@@ -124,11 +188,29 @@ class LogStore(ABC):
         entries: Sequence[PendingEntry],
         checkpoints: Sequence[PendingCheckpoint] = (),
         on_built: Callable[[StoredEntry], None] | None = None,
+        holder: str | None = None,
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         """Write ``entries`` then ``checkpoints`` in one durable transaction.
 
         ``on_built`` sees each entry as it is built, so checkpoint signers can cover it.
+        ``holder``: the writer's lease name; each stream touched must be leased to it.
         """
+
+    @abstractmethod
+    def take_lease(self, stream: str, holder: str, *, wait: float = LEASE_WAIT_S) -> Lease | None:
+        """Become ``stream``'s one writer, until ``release_leases`` or this process ends.
+
+        Returns the lease it replaced when that holder never let go (it crashed), else None.
+        Raises ``LeaseHeld`` when another live writer still holds it after ``wait`` seconds.
+        """
+
+    @abstractmethod
+    def release_leases(self, holder: str) -> None:
+        """Let go of every lease ``holder`` took (a clean stop: the next taker is no takeover)."""
+
+    @abstractmethod
+    def lease(self, stream: str) -> Lease | None:
+        """The stream's lease row, if it ever had a writer that took one."""
 
     @abstractmethod
     def entries(

@@ -2637,3 +2637,30 @@ def test_intels_pck_chain_without_its_root_stops_at_the_pck_ca(
     assert _check(verdict, "pck_chain.root_pinned").detail == (
         f"the chain stops at {PLATFORM}, not at a root"
     )
+
+
+def test_a_pck_chain_of_one_certificate_is_counted_as_one(pki: FakeIntel) -> None:
+    """The root alone as the quote's PCK chain: no PCK certificate, but the one certificate
+    there is valid, and said so in the singular."""
+    raw = _requoted((TDX01 / "tdx_quote").read_bytes(), (pki.root,), pki.root_key)
+    verdict = _verify_under(pki, raw)
+    assert _check(verdict, "pck_chain").ok is False
+    assert _check(verdict, "pck_chain.validity").ok is True
+    assert _check(verdict, "pck_chain.validity").detail == (
+        f"the 1 certificate is valid at {_iso(WHEN)}"
+    )
+
+
+def test_one_byte_after_the_signature_data_is_counted_as_one() -> None:
+    raw = (TDX01 / "tdx_quote").read_bytes()
+    quote = parse_tdx_quote(raw)
+    assert len(quote.trailing) == 70
+    collateral = (TDX01 / "tdx_quote_collateral.json").read_bytes()
+    when = datetime(2025, 7, 1, tzinfo=UTC)
+    for kept, note in ((1, "1 byte"), (2, "2 bytes")):
+        verdict = verify_tdx(raw[: len(raw) - 70 + kept], now=when, collateral=collateral)
+        assert verdict.accepted
+        assert verdict.facts["trailing_bytes"] == kept
+        assert verdict.facts["trailing_bytes_note"] == (
+            f"{note} after the signature data, outside every signature: ignored"
+        )

@@ -254,6 +254,14 @@ def test_signature_data_cut_inside_a_field_names_the_field() -> None:
         rel += size
 
 
+def test_a_one_byte_field_cut_short_is_named_in_the_singular() -> None:
+    built = build_quote(auth=b"x")
+    start = built.signed_length + 4
+    rel = 64 + 64 + 2 + 4 + 384 + 64 + 2  # up to the one byte of QE auth data
+    got = _error(_with_signature_data(built, built.signature_data[:rel]))
+    assert got == f"qe_auth_data: truncated: needs 1 byte at offset {start + rel}, 0 left"
+
+
 def test_declared_lengths_that_do_not_add_up_are_named() -> None:
     built = build_quote()
     head = built.raw[: built.signed_length]

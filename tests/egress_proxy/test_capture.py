@@ -44,6 +44,7 @@ from record.log import Log
 from record.schema import (
     FetchRequest,
     FetchResponse,
+    LeaseTaken,
     ModelRequest,
     ModelResponse,
     Provider,
@@ -406,13 +407,16 @@ def test_a_killed_proxy_leaves_unknown_on_the_next_start(tmp_path: Path) -> None
             proxy = ProxyServer(proxy_config(up.url), log, env=ENV)
             proxy.start()
             proxy.stop()
-            assert proxy.recovered == [Recovered(session["session_id"], 1, 2)]
+            assert proxy.recovered == [Recovered(session["session_id"], 1, 3)]
     bodies = read_bodies(store, session["session_id"], user)
     assert [e.kind for e, _ in bodies.values()] == [
         "stream.opened",
         "model.request",
+        "lease.taken",  # the new proxy took the stream from the killed one, and says so
         "model.response",
     ]
-    reply = bodies[2][1]
+    taken = bodies[2][1]
+    assert isinstance(taken, LeaseTaken) and f" pid {child.pid} " in taken.previous_holder
+    reply = bodies[3][1]
     assert isinstance(reply, ModelResponse)
     assert (reply.request_seq, reply.outcome, reply.response_bytes) == (1, "UNKNOWN", None)

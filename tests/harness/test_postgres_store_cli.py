@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from record.checkpoint import Signer
+from record.log import LOG_KEY_NAME
 from tests.pg_cluster import SUPERUSER
 from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
@@ -118,8 +120,14 @@ def test_up_writes_the_record_to_postgresql_and_every_reader_reads_it_offline(
     listed = _affidavit(server, "log", "show", session, "--store", database, "--json")
     assert listed.returncode == 0, listed.stderr
     assert len(listed.stdout.splitlines()) == _rows(server, database, session)
+    # a database keeps no one log key (appliances may share it): the home's appliance's is it
     vkey = _affidavit(server, "log", "key", "--home", str(home))
-    assert vkey.returncode == 0 and vkey.stdout.startswith("affidavit-log+"), vkey.stderr
+    signer = Signer.load_or_create(home / "record.signing-key", LOG_KEY_NAME)
+    assert vkey.returncode == 0 and vkey.stdout == signer.vkey() + "\n", vkey.stderr
+    elsewhere = tmp_path / "no-appliance"
+    keyless = _affidavit(server, "log", "key", "--store", database, "--home", str(elsewhere))
+    assert keyless.returncode == 1 and keyless.stdout == ""
+    assert "is shared and keeps no one log key" in keyless.stderr, keyless.stderr
     bundle = tmp_path / "bundle"
     exported = _affidavit(
         server, "log", "export", session, "--store", database, "--out", str(bundle)

@@ -26,11 +26,12 @@ class GatedStore(SQLiteStore):
         entries: Sequence[PendingEntry],
         checkpoints: Sequence[PendingCheckpoint] = (),
         on_built: Callable[[StoredEntry], None] | None = None,
+        holder: str | None = None,
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         self.batches.append((len(entries), len(checkpoints)))
         self.entered.set()
         assert self.gate.wait(30)
-        return super().append(entries, checkpoints, on_built)
+        return super().append(entries, checkpoints, on_built, holder)
 
     def hold(self) -> None:
         """Hold the next commit at the gate."""

@@ -398,6 +398,7 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "evidence_digest": DIGEST,
         }
     ),
+    "lease.taken": _body({"holder": t_str, "previous_holder": t_str, "previous_since": TIMESTAMP}),
 }
 
 #: §5.2: kind -> {left-out member: what it reads as}.

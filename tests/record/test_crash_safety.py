@@ -46,7 +46,14 @@ from record import merkle
 from record.checkpoint import Signer, Verifier, open_checkpoint
 from record.digest import Domain, canonical_json, digest
 from record.log import LOG_KEY_NAME, Appended, Log
-from record.schema import StreamOpened, TurnEnded, TurnStarted, parse_body, parse_entry
+from record.schema import (
+    LeaseTaken,
+    StreamOpened,
+    TurnEnded,
+    TurnStarted,
+    parse_body,
+    parse_entry,
+)
 from record.seal import KeyPair, open_sealed
 from record.sqlite_store import DURABILITY_PRAGMAS, SQLiteStore
 from record.store import StoredCheckpoint, StoredEntry
@@ -75,6 +82,7 @@ class StoreChecker:
     leaves: list[bytes] = field(default_factory=list)
     roots: list[bytes] = field(default_factory=lambda: [merkle.EMPTY_ROOT])  # roots[k]: k leaves
     checkpoints_seen: int = 0
+    takeovers: int = 0  # lease.taken entries: a writer took over from a killed one
     data_key: bytes | None = None
     verifier: Verifier | None = None
     _tree: merkle.CompactRange = field(default_factory=merkle.CompactRange)
@@ -142,13 +150,17 @@ class StoreChecker:
             assert len(wrapped) == 1, f"{where}: not sealed to the appliance key"
             self.data_key = self.key.unwrap(wrapped[0].sealed_key, self.stream, 0)
             return
-        assert parsed.kind in ("turn.started", "turn.ended"), f"{where}: kind {parsed.kind}"
+        kinds = ("turn.started", "turn.ended", "lease.taken")
+        assert parsed.kind in kinds, f"{where}: kind {parsed.kind}"
         assert isinstance(parsed.body, str), f"{where}: sealed body is not a string"
         assert self.data_key is not None
         ad = canonical_json(parsed.model_dump(mode="json", exclude={"body"}))
         plaintext = open_sealed(self.data_key, base64.b64decode(parsed.body, validate=True), ad)
         body = parse_body(parsed.kind, plaintext)
-        if isinstance(body, TurnStarted):
+        if isinstance(body, LeaseTaken):
+            assert body.previous_holder != body.holder, f"{where}: took the lease from itself"
+            self.takeovers += 1
+        elif isinstance(body, TurnStarted):
             assert digest(Domain.INPUT, body.input_bytes) == body.input_digest, where
         else:
             assert isinstance(body, TurnEnded) and body.answer_bytes is not None
@@ -371,6 +383,9 @@ def test_sigkill_while_appending(tmp_path: Path) -> None:
     assert stats.grew >= KILL_ROUNDS // 2, f"appends happened in only {stats.grew} rounds"
     assert stats.mid_commit > 0, "no kill landed inside a commit: the test exercised nothing"
     assert stats.acked > 0
+    # every writer that got as far as appending held the stream's lease, and died holding it:
+    # the next one to write says so, once per such kill
+    assert checker.takeovers >= KILL_ROUNDS - stats.before_ready - 1, checker.takeovers
 
 
 # -- 2. durability pragmas; readers and the writer do not block each other -------------------
@@ -443,9 +458,10 @@ class CountingStore(SQLiteStore):
         entries: Any,
         checkpoints: Any = (),
         on_built: Callable[[StoredEntry], None] | None = None,
+        holder: str | None = None,
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         time.sleep(0.002)
-        stored, signed = super().append(entries, checkpoints, on_built)
+        stored, signed = super().append(entries, checkpoints, on_built, holder)
         with self.lock:
             self.batches.append(len(stored))
             self.committed.update(e.seq for e in stored)

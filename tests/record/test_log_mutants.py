@@ -39,9 +39,10 @@ import pytest
 from pydantic import ValidationError
 
 from record import merkle
+from record.audit import verify_store
 from record.checkpoint import Checkpoint, Signer, open_checkpoint
 from record.digest import Domain, canonical_json, digest
-from record.errors import CannotOpen, RecordError, UnknownStream
+from record.errors import CannotOpen, LeaseHeld, RecordError, UnknownStream
 from record.log import Appended, Log, _Request, _sealed_line, entry_line, origin_for
 from record.schema import (
     Envelope,
@@ -55,7 +56,7 @@ from record.schema import (
 )
 from record.seal import KeyPair, new_data_key, open_sealed
 from record.sqlite_store import SQLiteStore
-from record.store import StoredCheckpoint
+from record.store import PendingEntry, StoredCheckpoint
 from tests.record.gated_store import GatedStore
 from tests.record.raw_store import stored_lines
 
@@ -713,6 +714,29 @@ def test_a_bad_request_does_not_sink_its_batch(store: Path, user: KeyPair) -> No
         assert _split(stored_lines(store, STREAM)[again.seq])[0]["key_epoch"] == 2
 
 
+def test_a_second_writer_of_a_stream_is_refused_and_writes_nothing(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    """One writer per stream: a second live one (here a second log on the same file, with
+    the same keys) waits ``lease_wait`` for the first to let go, then is refused, naming it."""
+    with Log.open(store, appliance_key=appliance) as first:
+        first.open_stream(STREAM, [user.recipient, appliance.recipient])
+        first.append(STREAM, _started(0))
+        with Log.open(store, appliance_key=appliance, lease_wait=0.2) as second:
+            with pytest.raises(LeaseHeld) as caught:
+                second.append(STREAM, _started(1))
+            assert caught.value.code == "lease_held"
+            assert f"({first.holder}, since " in str(caught.value)
+            assert "one writer per stream" in str(caught.value)
+            assert len(stored_lines(store, STREAM)) == 2
+        first.append(STREAM, _started(1))  # the first is untouched by the attempt
+    # a clean close lets go: the next writer takes the stream with no takeover to record
+    with Log.open(store, appliance_key=appliance, lease_wait=0) as third:
+        assert third.append(STREAM, _started(2)).seq == 3
+    kinds = [json.loads(line)["kind"] for line in stored_lines(store, STREAM)]
+    assert "lease.taken" not in kinds
+
+
 def test_a_stale_tree_fails_the_whole_batch_and_writes_nothing(
     store: Path, user: KeyPair, appliance: KeyPair
 ) -> None:
@@ -721,10 +745,13 @@ def test_a_stale_tree_fails_the_whole_batch_and_writes_nothing(
         log.open_stream(STREAM, [user.recipient, appliance.recipient])
         log.open_stream(OTHER, [user.recipient, appliance.recipient])
         log.append(STREAM, _started(0))
-        # a second writer on the same file (never do this) leaves the first one's tree stale
-        signer = Signer.load_or_create(store.with_name("gated.key"), "affidavit-log")
-        with Log(SQLiteStore(store), signer, appliance_key=appliance) as second:
-            assert second.append(STREAM, _started(1)).seq == 2
+        # a row written past the log (the store's own append, which no lease guards: never do
+        # this) leaves the writer's tree stale
+        raw = SQLiteStore(store)
+        try:
+            raw.append([PendingEntry(STREAM, lambda seq: (b"{}", merkle.hash_leaf(b"{}")))])
+        finally:
+            raw.close()
         gated.hold()
         head = log._submit(OTHER, _started(0))
         assert gated.entered.wait(30)
@@ -768,11 +795,12 @@ def test_after_a_restart_each_stream_goes_on_from_its_own_tree(
             )
 
 
-def test_a_stream_is_read_from_the_store_once(
+def test_a_stream_is_read_again_once_its_lease_is_taken(
     store: Path, user: KeyPair, appliance: KeyPair
 ) -> None:
-    """The writer keeps what it read of a stream: entries a second writer adds after that
-    are not picked up, and its next commit fails on the stale tree rather than going on."""
+    """What the writer read of a stream before it held the stream's lease may be stale:
+    entries another writer added meanwhile are picked up when it takes the lease, and its
+    appends go on after them."""
     with Log.open(store, appliance_key=appliance) as log:
         log.open_stream(STREAM, [user.recipient, appliance.recipient])
         log.archive_evidence(STREAM, "sev-snp", "snp.report", b"report")
@@ -781,10 +809,10 @@ def test_a_stream_is_read_from_the_store_once(
             log.archive_evidence(STREAM, "sev-snp", "snp.report", b"again")
         with Log.open(store, appliance_key=appliance) as second:
             assert second.append(STREAM, _started(0)).seq == 2
-        with pytest.raises(RecordError) as caught:
-            log.append(STREAM, _started(1))
-        assert str(caught.value) == "tree of log-1 has 3 leaves, store has 4"
-    assert len(stored_lines(store, STREAM)) == 3
+        appended = log.append(STREAM, _started(1))
+        assert (appended.seq, appended.tree_size) == (3, 4)
+    assert len(stored_lines(store, STREAM)) == 4
+    assert verify_store(store, key=user).ok
 
 
 def test_close_while_a_batch_waits_commits_it_and_stops(store: Path, user: KeyPair) -> None:

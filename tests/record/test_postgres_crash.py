@@ -1,4 +1,4 @@
-"""#21 line 4 (without the lease): writers of a PostgreSQL store SIGKILLed at random.
+"""#21 line 4: writers of a PostgreSQL store SIGKILLed at random.
 
 Three writer processes (``tests/record/pg_writer.py``, each a real ``Log`` on the private
 cluster of ``tests/pg_server.py``, one stream each, the same appliance's keys) append while a
@@ -7,6 +7,8 @@ reader thread reads every stream over and over. One of them is SIGKILLed at a ra
 Then: every append a writer acknowledged is there with the leaf hash it was given, no stream
 has a gap (nor did the reader ever see one), and ``verify_store`` with the user's key finds
 no problem. A batch cut by the kill is a transaction the server rolls back: never half there.
+Each restarted writer takes its stream's lease over from the one killed holding it, and says
+so: one ``lease.taken`` per kill.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import pytest
 
 from record.audit import verify_store
 from record.postgres_store import PostgresStore
+from record.schema import parse_entry
 from record.seal import KeyPair
 
 pytestmark = pytest.mark.long
@@ -61,11 +64,16 @@ class Writer:
                 _, seq, leaf = line.split()
                 self.acked[int(seq)] = bytes.fromhex(leaf)
 
+    def error(self) -> str:
+        """What a writer that exited by itself printed on its way out."""
+        if self.proc is None or self.proc.poll() is None or self.proc.stderr is None:
+            return "(still running)"
+        return f"exited {self.proc.returncode}: {self.proc.stderr.read()[-2000:]}"
+
     def kill(self) -> None:
         assert self.proc is not None and self._reader is not None
         if self.proc.poll() is not None:  # it died by itself: that is a failure
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise AssertionError(f"a writer exited {self.proc.returncode}: {err[-2000:]}")
+            raise AssertionError(f"a writer {self.error()}")
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
         self._reader.join(30)  # every ack it printed before it died is counted
@@ -138,4 +146,10 @@ def test_writers_killed_a_hundred_times_lose_no_acknowledged_entry(
     report = verify_store(url, key=user)
     assert report.ok, [str(p) for p in report.problems][:10]
     assert report.entries >= sum(len(w.acked) for w in writers)
+    store = PostgresStore(url, readonly=True)
+    try:
+        kinds = [parse_entry(e.line).kind for s in streams for e in store.entries(s)]
+    finally:
+        store.close()
+    assert kinds.count("lease.taken") == KILLS  # every kill was of a writer holding its lease
     postgres_server.drop_database(url)

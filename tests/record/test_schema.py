@@ -215,6 +215,7 @@ def test_every_entry_kind_has_a_strict_body_model() -> None:
         "turn.decided",
         "pins.set",
         "evidence.archived",
+        "lease.taken",
     }
     assert {"stream.opened", "key.rotated"} == CLEAR_KINDS
     for kind, model in BODY_MODELS.items():

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from record.errors import StoreMissing
+from record.errors import LeaseHeld, LeaseLost, StoreMissing
 from record.merkle import hash_leaf
 from record.sqlite_store import SQLiteStore
 from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint
@@ -392,7 +392,9 @@ def test_the_log_and_its_audit_run_unchanged_on_postgres(pg_url: str, write_turn
     try:
         rows = (Row(e.line, e.seq, e.leaf_hash) for e in ro.entries("session-main"))
         notes = [(f"#{i}", c.note) for i, c in enumerate(ro.checkpoints("session-main"))]
-        audit = check_stream("session-main", rows, notes, ro.get_meta("log_key"), key=user)
+        # a shared store keeps no one log key: the stream's own is its appliance's
+        assert ro.get_meta("log_key") is None
+        audit = check_stream("session-main", rows, notes, signer.vkey(), key=user)
     finally:
         ro.close()
     assert audit.problems == [] and (audit.entries, audit.covered) == (17, 17)
@@ -486,3 +488,62 @@ def test_postgres_keeps_the_options_a_url_gives_beside_its_own(pg_url: str) -> N
             assert shown == [("12345ms",), ("on",)]
         finally:
             store.close()
+
+
+# -- one writer per stream: leases ------------------------------------------------------------
+
+
+def test_a_lease_is_one_holders_and_a_second_live_one_is_refused(open_store: Opener) -> None:
+    first, second = open_store(), open_store()
+    assert first.take_lease("a", "first") is None  # nobody held it before
+    with pytest.raises(LeaseHeld) as caught:
+        second.take_lease("a", "second", wait=0.2)
+    assert type(caught.value) is LeaseHeld
+    assert "stream 'a' is being written by another live process (first, since " in str(caught.value)
+    assert second.take_lease("b", "second", wait=0) is None  # another stream is free
+    lease = second.lease("a")
+    assert lease is not None and (lease.holder, lease.released) == ("first", False)
+
+
+def test_every_batch_checks_its_writers_lease_inside_the_transaction(open_store: Opener) -> None:
+    store = open_store()
+    store.take_lease("a", "me")
+    stored, _ = store.append([pending("a")], holder="me")
+    assert [e.seq for e in stored] == [0]
+    for holder, stream in (("someone else", "a"), ("me", "unleased")):
+        with pytest.raises(LeaseLost) as caught:
+            store.append([pending(stream), pending("a")], holder=holder)
+        assert "nothing of this batch was written" in str(caught.value)
+    assert store.size("a") == 1 and store.size("unleased") == 0
+    # a checkpoint alone is a write to its stream too
+    with pytest.raises(LeaseLost):
+        store.append([], [PendingCheckpoint("unleased", lambda size: b"note")], holder="me")
+    assert store.checkpoints("unleased") == []
+
+
+def test_a_released_lease_passes_on_with_nothing_to_record(open_store: Opener) -> None:
+    first = open_store()
+    first.take_lease("a", "first")
+    first.take_lease("b", "first")
+    first.release_leases("first")
+    lease = first.lease("a")
+    assert lease is not None and lease.released
+    with pytest.raises(LeaseLost):  # let go means let go: its batches are refused now
+        first.append([pending("a")], holder="first")
+    second = open_store()
+    assert second.take_lease("a", "second", wait=0) is None
+    assert second.take_lease("b", "second", wait=0) is None
+
+
+def test_a_holder_that_never_let_go_is_named_to_the_next_taker(open_store: Opener) -> None:
+    """A writer that ends without releasing (here: its store closed, as a crash closes its
+    file and its session) frees the stream at once, and the taker learns who it was."""
+    first = open_store()
+    first.take_lease("a", "crashed")
+    held = first.lease("a")
+    first.close()
+    second = open_store()
+    orphaned = second.take_lease("a", "next", wait=5)
+    assert orphaned == held and orphaned is not None and not orphaned.released
+    again = second.take_lease("a", "next", wait=0)  # taking one's own lease again: no news
+    assert again is None
