@@ -297,6 +297,11 @@ class Log:
             try:
                 if self._leased:  # a clean stop: the next writer takes over, no takeover
                     self.store.release_leases(self.holder)
+            except Exception:  # a store that cannot be reached now
+                # The locks still go with the connection or file closed below; the rows stay
+                # "not let go", so the next writer records a takeover: true enough of a stop
+                # that could not say it was clean.
+                pass
             finally:
                 self.store.close()
 
@@ -335,11 +340,16 @@ class Log:
         or that another live process writes, fails alone. A takeover from a writer that never
         let go (a crash) puts ``lease.taken`` before the stream's first entry here."""
         ready: list[_Request] = []
+        refused: dict[str, BaseException] = {}  # one wait per stream per batch, not per request
         for request in batch:
+            if request.stream in refused:
+                request.future.set_exception(refused[request.stream])
+                continue
             if request.stream not in self._leased:
                 try:
                     orphaned = self._take_lease(request)
                 except BaseException as exc:
+                    refused[request.stream] = exc
                     request.future.set_exception(exc)
                     continue
                 if orphaned is not None:

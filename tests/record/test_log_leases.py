@@ -1,0 +1,105 @@
+"""The log writer's side of one writer per stream (``record.log``): a refused stream costs
+one wait per batch, and a stop that cannot let go still closes the store."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from record.checkpoint import Signer
+from record.digest import Domain, digest
+from record.errors import LeaseHeld
+from record.log import LOG_KEY_NAME, Log, _Request
+from record.schema import TurnStarted
+from record.seal import KeyPair
+from record.sqlite_store import SQLiteStore
+from tests.record.raw_store import stored_lines
+
+STREAM, OTHER = "log-1", "log-2"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    return tmp_path / "record.db"
+
+
+@pytest.fixture
+def user() -> KeyPair:
+    return KeyPair.generate()
+
+
+@pytest.fixture
+def appliance() -> KeyPair:
+    return KeyPair.generate()
+
+
+def _started(turn: int) -> TurnStarted:
+    data = f"turn {turn}".encode()
+    return TurnStarted(turn=turn, input_bytes=data, input_digest=digest(Domain.INPUT, data))
+
+
+class _CountedLeases(SQLiteStore):
+    """A SQLite store that counts the leases asked of it and, when told, cannot let go of
+    them (as a database that went away before the writer stopped)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.asked: list[str] = []
+        self.release_fails = False
+
+    def take_lease(self, stream: str, holder: str, *, wait: float = 10.0) -> Any:
+        self.asked.append(stream)
+        return super().take_lease(stream, holder, wait=wait)
+
+    def release_leases(self, holder: str) -> None:
+        if self.release_fails:
+            raise sqlite3.OperationalError("the store went away")
+        super().release_leases(holder)
+
+
+def test_a_refused_stream_costs_one_wait_per_batch(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    """Every request of a stream another live writer holds fails with the same refusal, after
+    one wait, not one wait each (the writer thread serves every other stream meanwhile)."""
+    with Log.open(store, appliance_key=appliance) as first:
+        first.open_stream(STREAM, [user.recipient, appliance.recipient])
+        first.open_stream(OTHER, [user.recipient, appliance.recipient])
+        first.append(STREAM, _started(0))
+        signer = Signer.load_or_create(store.with_name(store.name + ".signing-key"), LOG_KEY_NAME)
+        counted = _CountedLeases(store)
+        second = Log(counted, signer, appliance_key=appliance, lease_wait=0.1)
+        try:
+            batch = [_Request(STREAM, "", b"") for _ in range(3)]
+            assert second._with_leases(batch) == []
+            assert counted.asked == [STREAM]
+            errors = [r.future.exception() for r in batch]
+            assert (
+                all(isinstance(e, LeaseHeld) for e in errors) and len({id(e) for e in errors}) == 1
+            )
+        finally:
+            second.close()
+    assert len(stored_lines(store, STREAM)) == 2
+
+
+def test_a_store_that_cannot_let_go_still_closes(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    """Letting go is best effort: the store is closed (and its locks with it) whatever
+    happens, and the next writer records the takeover the unreleased row implies."""
+    counted = _CountedLeases(store)
+    signer = Signer.load_or_create(store.with_name(store.name + ".signing-key"), LOG_KEY_NAME)
+    log = Log(counted, signer, appliance_key=appliance)
+    log.open_stream(STREAM, [user.recipient, appliance.recipient])
+    counted.release_fails = True
+    log.close()
+    with pytest.raises(PermissionError, match="was closed"):
+        counted.append([])
+    with Log.open(store, appliance_key=appliance, lease_wait=0) as again:
+        again.append(STREAM, _started(0))
+    kinds = [json.loads(line)["kind"] for line in stored_lines(store, STREAM)]
+    assert kinds == ["stream.opened", "lease.taken", "turn.started"]
