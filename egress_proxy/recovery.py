@@ -18,7 +18,7 @@ import logging
 from dataclasses import dataclass
 
 from egress_proxy.errors import ConfigError
-from record.errors import CannotOpen, RecordError
+from record.errors import CannotOpen, LeaseHeld, NotOwner, RecordError
 from record.log import Log
 from record.reader import StreamKeys
 from record.schema import Entry, FetchResponse, ModelResponse, Strict, ToolResult, parse_entry
@@ -119,6 +119,12 @@ def _recover_stream(log: Log, stream: str, unreadable: list[Unreadable]) -> list
     recovered: list[Recovered] = []
     for seq, kind in asked:
         if seq not in answered and seq > horizon:
-            appended = log.append(stream, _unknown(kind, seq))
+            try:
+                appended = log.append(stream, _unknown(kind, seq))
+            except (LeaseHeld, NotOwner) as exc:
+                # another live writer has it (its requests may be in flight, not lost), or
+                # another appliance opened it: not this proxy's to answer
+                unreadable.append(Unreadable(stream, None, f"not answered: {exc.diagnostics()}"))
+                return recovered
             recovered.append(Recovered(stream, seq, appended.seq, kind))
     return recovered

@@ -295,6 +295,23 @@ def test_recovery_reports_an_unreadable_entry_and_goes_on(tmp_path: Path) -> Non
     log.close()
 
 
+def test_recovery_leaves_a_stream_another_live_writer_holds(tmp_path: Path) -> None:
+    """Its unanswered request may be in flight in that writer, not lost: recovery says why it
+    left the stream alone, answers nothing there, and the proxy starts."""
+    store_path = tmp_path / "record.db"
+    appliance, user = KeyPair.generate(), KeyPair.generate()
+    with Log.open(store_path, appliance_key=appliance) as live:
+        live.open_stream("busy", [user.recipient, appliance.recipient])
+        asked = live.append("busy", _request()).seq  # its reply still on its way
+        with Log.open(store_path, appliance_key=appliance, lease_wait=0.1) as second:
+            unreadable: list[Unreadable] = []
+            assert recover_unknown(second, unreadable) == []
+        assert [(u.stream, u.seq) for u in unreadable] == [("busy", None)]
+        assert unreadable[0].reason.startswith("not answered: lease_held: stream 'busy' is ")
+        answered = live.append("busy", ModelResponse(request_seq=asked, outcome="COMMITTED"))
+        assert answered.seq == asked + 1  # nothing came in between
+
+
 def _request() -> ModelRequest:
     from record.digest import Domain, digest, prompt_bytes
 
