@@ -25,6 +25,7 @@ from record.limits import JsonRefused, load_json
 from record.schema import (
     FetchRequest,
     FetchResponse,
+    LeaseTaken,
     ModelRequest,
     ModelResponse,
     PinsSet,
@@ -443,6 +444,8 @@ class TurnView:
     ended_time: str = ""
     answer: str = ""
     decisions: list[TurnDecided] = field(default_factory=list)
+    #: (when, entry) of each writer that took the stream over mid-turn from one that crashed
+    takeovers: list[tuple[str, LeaseTaken]] = field(default_factory=list)
     labels: dict[str, str] = field(default_factory=dict)
     problems: list[TurnProblem] = field(default_factory=list)  # every one, the turn's first
 
@@ -515,6 +518,8 @@ def turn_view(
             break
         if isinstance(body, TurnDecided):
             view.decisions.append(body)
+        elif isinstance(body, LeaseTaken):
+            view.takeovers.append((at[seq], body))
         elif isinstance(body, ModelRequest):
             step = StepView(
                 body.step if body.step is not None else len(view.steps),
