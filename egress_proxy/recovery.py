@@ -64,6 +64,23 @@ class Unreadable:
     reason: str
 
 
+def _opened_by(log: Log, stream: str) -> bool:
+    """Whether the stream's opening names this log's key, or cannot say (then the stream
+    is read whole, as before): one entry read, so a shared store's other streams cost
+    nothing at each start."""
+    first = next(iter(log.store.entries(stream, 0, 1)), None)
+    if first is None:
+        return True
+    try:
+        entry = parse_entry(first.line)
+    except (RecordError, ValueError):
+        return True  # reported, with the rest of the stream, by the whole read
+    body = entry.body
+    if entry.kind != "stream.opened" or not isinstance(body, dict):
+        return True
+    return body.get("log_key") == log.log_key()
+
+
 def recover_unknown(log: Log, unreadable: list[Unreadable] | None = None) -> list[Recovered]:
     """Append ``UNKNOWN`` for every unanswered request in the store; run before serving,
     while nothing else writes. Streams not sealed to the appliance key are skipped: the
@@ -87,6 +104,8 @@ def recover_unknown(log: Log, unreadable: list[Unreadable] | None = None) -> lis
 
 def _recover_stream(log: Log, stream: str, unreadable: list[Unreadable]) -> list[Recovered]:
     assert log.appliance_key is not None
+    if not _opened_by(log, stream):
+        return []  # another appliance's (a shared store): never this writer's to answer
     entries: list[Entry] = []
     for stored in log.store.entries(stream):
         try:

@@ -96,3 +96,39 @@ def test_a_restarted_appliance_takes_back_its_own_stream(url: str) -> None:
         log.open_stream("s", [user.recipient, key.recipient])
     with Log(PostgresStore(url), signer, appliance_key=key, lease_wait=0) as log:
         assert log.append("s", _turn(0)).seq == 1
+
+
+class _CountedReads(PostgresStore):
+    """Counts how much of each stream is read (the whole of it: ``stop`` None)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.whole: list[str] = []
+
+    def entries(self, stream: str, start: int = 0, stop: int | None = None) -> Any:
+        if stop is None:
+            self.whole.append(stream)
+        return super().entries(stream, start, stop)
+
+
+def test_recovery_reads_only_its_own_streams_of_a_shared_store(url: str) -> None:
+    """At each start a proxy answers its own unanswered requests; another appliance's
+    streams cost it one entry each (their opening), never a read of the whole stream."""
+    from egress_proxy.recovery import recover_unknown
+    from tests.egress_proxy.test_limits import _request
+
+    user = KeyPair.generate()
+    a_key, b_key = KeyPair.generate(), KeyPair.generate()
+    a_signer, b_signer = Signer.generate(LOG_KEY_NAME), Signer.generate(LOG_KEY_NAME)
+    with Log(PostgresStore(url), a_signer, appliance_key=a_key) as a:
+        a.open_stream("a-1", [user.recipient, a_key.recipient, b_key.recipient])
+        a.append("a-1", _request())  # unanswered: A's own recovery answers it, B's must not
+    counted = _CountedReads(url)
+    with Log(counted, b_signer, appliance_key=b_key) as b:
+        b.open_stream("b-1", [user.recipient, b_key.recipient])
+        b.append("b-1", _request())
+        recovered = recover_unknown(b)
+    assert [(r.stream, r.request_seq) for r in recovered] == [("b-1", 1)]
+    assert "a-1" not in counted.whole
+    with Log(PostgresStore(url), a_signer, appliance_key=a_key) as a:
+        assert [(r.stream, r.request_seq) for r in recover_unknown(a)] == [("a-1", 1)]
