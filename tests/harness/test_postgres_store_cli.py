@@ -205,3 +205,40 @@ def test_a_database_that_is_not_a_record_is_one_line_and_1(
     (line,) = shown.stderr.splitlines()
     assert line.startswith(f"affidavit: {database} is not a readable record store: "), line
     assert "Traceback" not in shown.stderr
+
+
+def test_two_appliances_run_at_once_on_one_database(
+    postgres_server: Any,  # noqa: F811
+    database: str,
+    tmp_path: Path,
+) -> None:
+    """#21: two `affidavit up` (two homes, two sets of keys) write to one PostgreSQL store at
+    the same time; each session is its own appliance's stream, signed by its own log key, and
+    the store audits as a whole and appliance by appliance."""
+    server = postgres_server
+    homes = [tmp_path / "a", tmp_path / "b"]
+    ups = [_up(server, home, database, tmp_path / f"up-{home.name}.log") for home in homes]
+    try:
+        sessions = []
+        for home in homes:
+            opened = _affidavit(server, "session", "new", "--json", "--home", str(home))
+            assert opened.returncode == 0, opened.stderr
+            sessions.append(json.loads(opened.stdout)["session"])
+    finally:
+        for up in ups:
+            up.send_signal(signal.SIGTERM)
+        for up in ups:
+            assert up.wait(timeout=60) == 0
+    keys = []
+    for home in homes:
+        printed = _affidavit(server, "log", "key", "--home", str(home))
+        assert printed.returncode == 0, printed.stderr
+        keys.append(printed.stdout.strip())
+    assert keys[0] != keys[1]  # each appliance its own log key, on its own disk
+    whole = _affidavit(server, "log", "verify", database, "--json")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    for key, mine, theirs in ((keys[0], *sessions), (keys[1], *reversed(sessions))):
+        pinned = _affidavit(server, "log", "verify", database, "--log-key", key, "--json")
+        assert pinned.returncode == 1
+        streams = {p["stream"] for p in json.loads(pinned.stdout)["problems"]}
+        assert theirs in streams and mine not in streams
