@@ -18,11 +18,12 @@ from harness.panel.app import create_app
 from harness.panel.source import ApplianceSource
 from harness.state import Home
 from record.checkpoint import Signer
-from record.digest import Domain, digest, prompt_bytes
+from record.digest import Domain, digest
 from record.log import LOG_KEY_NAME, Log
-from record.schema import ModelRequest, ModelResponse, TurnEnded, TurnStarted
+from record.schema import ModelResponse, TurnEnded, TurnStarted
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
+from tests.egress_proxy.test_limits import _request
 
 TOKEN = "takeover-test-token"
 STREAM = "session-taken-over"
@@ -33,22 +34,6 @@ class _CannotLetGo(SQLiteStore):
 
     def release_leases(self, holder: str) -> None:
         raise sqlite3.OperationalError("the store went away")
-
-
-def _request(step: int) -> ModelRequest:
-    prompt = prompt_bytes({})
-    return ModelRequest(
-        content_key=digest(Domain.REQUEST, b"{}"),
-        input_digest=digest(Domain.INPUT, b"{}"),
-        prompt_digest=digest(Domain.PROMPT, prompt),
-        request_bytes=b"{}",
-        input_bytes=b"{}",
-        prompt_bytes=prompt,
-        provider={"name": "p", "endpoint": "http://127.0.0.1:9/v1/chat/completions"},
-        model_id="m",
-        params={},
-        step=step,
-    )
 
 
 def test_the_turn_page_shows_where_the_writer_changed(tmp_path: Path) -> None:
@@ -64,7 +49,7 @@ def test_the_turn_page_shows_where_the_writer_changed(tmp_path: Path) -> None:
     first.open_stream(STREAM, [user.recipient, appliance.recipient])
     first.append(STREAM, TurnStarted(turn=0, input_bytes=said,
                                      input_digest=digest(Domain.INPUT, said)))  # fmt: skip
-    asked = first.append(STREAM, _request(0)).seq
+    asked = first.append(STREAM, _request()).seq
     holder = first.holder
     first.close()  # could not let go: the next writer takes over
     with Log.open(store, appliance_key=appliance, lease_wait=0) as second:

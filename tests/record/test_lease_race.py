@@ -24,8 +24,7 @@ from record.audit import verify_store
 from record.log import Log
 from record.postgres_store import PostgresStore
 from record.schema import LeaseTaken, parse_entry
-from record.seal import KeyPair
-from tests.record.test_postgres_crash import REPO, Writer
+from tests.record.test_postgres_crash import REPO, Writer, writer_keys
 
 ROUNDS = 4
 STREAM = "raced"
@@ -59,10 +58,7 @@ def test_two_processes_on_one_stream_take_turns_and_never_share_a_seq(
     postgres_server: Any, tmp_path: Path
 ) -> None:
     url: str = postgres_server.fresh_database()
-    user, appliance = KeyPair.generate(), KeyPair.generate()
-    user.write(tmp_path / "user.key")
-    appliance.write(tmp_path / "appliance.key")
-    keys = [str(tmp_path / n) for n in ("log.signing-key", "appliance.key", "user.key")]
+    user, appliance, keys = writer_keys(tmp_path)
     with Log.open(url, signing_key=tmp_path / "log.signing-key", appliance_key=appliance) as log:
         log.open_stream(STREAM, [user.recipient, appliance.recipient])  # then let go of it
     acked: list[dict[int, bytes]] = []

@@ -11,15 +11,12 @@ from typing import Any
 import pytest
 
 from record.checkpoint import Signer
-from record.digest import Domain, digest
 from record.errors import LeaseHeld
 from record.log import LOG_KEY_NAME, Log, _Request
-from record.schema import TurnStarted
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
 from tests.record.raw_store import stored_lines
-
-STREAM, OTHER = "log-1", "log-2"
+from tests.record.test_log_mutants import OTHER, STREAM, _started
 
 
 @pytest.fixture
@@ -35,11 +32,6 @@ def user() -> KeyPair:
 @pytest.fixture
 def appliance() -> KeyPair:
     return KeyPair.generate()
-
-
-def _started(turn: int) -> TurnStarted:
-    data = f"turn {turn}".encode()
-    return TurnStarted(turn=turn, input_bytes=data, input_digest=digest(Domain.INPUT, data))
 
 
 class _CountedLeases(SQLiteStore):

@@ -79,6 +79,19 @@ class Writer:
         self._reader.join(30)  # every ack it printed before it died is counted
 
 
+def writer_keys(folder: Path) -> tuple[KeyPair, KeyPair, list[str]]:
+    """A user's and an appliance's keys, written in ``folder``, and the key-file arguments
+    ``tests/record/pg_writer.py`` takes (the log's signing key, made by the first writer)."""
+    user, appliance = KeyPair.generate(), KeyPair.generate()
+    user.write(folder / "user.key")
+    appliance.write(folder / "appliance.key")
+    return (
+        user,
+        appliance,
+        [str(folder / n) for n in ("log.signing-key", "appliance.key", "user.key")],
+    )
+
+
 def _reading(url: str, streams: list[str], stop: threading.Event, seen: list[str]) -> None:
     """Read every stream over and over: the seqs it sees are always 0, 1, 2 … with no gap."""
     store = PostgresStore(url, readonly=True)
@@ -98,10 +111,7 @@ def test_writers_killed_a_hundred_times_lose_no_acknowledged_entry(
     postgres_server: Any, tmp_path: Path
 ) -> None:
     url: str = postgres_server.fresh_database()
-    user, appliance = KeyPair.generate(), KeyPair.generate()
-    user.write(tmp_path / "user.key")
-    appliance.write(tmp_path / "appliance.key")
-    keys = [str(tmp_path / n) for n in ("log.signing-key", "appliance.key", "user.key")]
+    user, _, keys = writer_keys(tmp_path)
     streams = [f"w{i}" for i in range(WRITERS)]
     writers = [
         Writer([sys.executable, "-m", "tests.record.pg_writer", url, *keys, s, str(SEED + i)])
