@@ -21,6 +21,10 @@ ChaCha20-Poly1305; the stored lines are read back with the ``sqlite3`` module al
   request that does not sink its batch, a failed commit that fails all of it, and ``close``
   while a batch waits;
 - the sealed line written in base64 slices, equal to one base64 of the whole.
+- one writer per stream: each log's holder name, a takeover's ``lease.taken`` (and none for
+  an opening a crash left leased), a request refused its lease failing alone in its batch,
+  a writer whose lease was taken refused ``LeaseLost``, and on PostgreSQL a shared store
+  with no ``log_key`` whose streams refuse another appliance (``NotOwner``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import re
+import socket
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -42,12 +48,14 @@ from record import merkle
 from record.audit import verify_store
 from record.checkpoint import Checkpoint, Signer, open_checkpoint
 from record.digest import Domain, canonical_json, digest
-from record.errors import CannotOpen, LeaseHeld, RecordError, UnknownStream
+from record.errors import CannotOpen, LeaseHeld, LeaseLost, NotOwner, RecordError, UnknownStream
 from record.log import Appended, Log, _Request, _sealed_line, entry_line, origin_for
+from record.postgres_store import PostgresStore
 from record.schema import (
     Envelope,
     EvidenceArchived,
     KeyRotated,
+    LeaseTaken,
     StreamOpened,
     ToolResult,
     TurnStarted,
@@ -56,7 +64,7 @@ from record.schema import (
 )
 from record.seal import KeyPair, new_data_key, open_sealed
 from record.sqlite_store import SQLiteStore
-from record.store import PendingEntry, StoredCheckpoint
+from record.store import Lease, PendingEntry, StoredCheckpoint
 from tests.record.gated_store import GatedStore
 from tests.record.raw_store import stored_lines
 
@@ -853,3 +861,164 @@ def test_a_database_store_keeps_its_signing_key_where_named(
             assert again.log_key() == vkey and again.store.size(STREAM) == 1
     finally:
         postgres_server.drop_database(url)
+
+
+# -- one writer per stream: what the writer does with leases ---------------------------------
+
+
+def test_each_log_names_itself_by_host_process_and_a_tag_of_its_own(store: Path) -> None:
+    with Log.open(store) as first, Log.open(store) as second:
+        pattern = rf"{re.escape(socket.gethostname())} pid {os.getpid()} [0-9a-f]{{8}}"
+        assert re.fullmatch(pattern, first.holder) and re.fullmatch(pattern, second.holder)
+        assert first.holder != second.holder
+
+
+def test_a_takeover_from_a_writer_that_never_let_go_is_recorded_before_its_first_entry(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    with Log.open(store, appliance_key=appliance) as first:
+        first.open_stream(STREAM, [user.recipient, appliance.recipient])
+        first.append(STREAM, _started(0))
+        held = first.store.lease(STREAM)
+        assert held is not None and (held.holder, held.released) == (first.holder, False)
+        # as the end of its process would: its lock goes, its unreleased row stays
+        first.store._drop_locks()  # type: ignore[attr-defined]
+        with Log.open(store, appliance_key=appliance, lease_wait=0) as second:
+            turns = [second._submit(STREAM, _started(n)) for n in (1, 2)]  # one batch or two
+            assert [f.result(5).seq for f in turns] == [3, 4]
+            assert second.append(STREAM, _started(3)).seq == 5
+            taken = second.store.lease(STREAM)
+            assert taken is not None and (taken.holder, taken.released) == (second.holder, False)
+    lines = stored_lines(store, STREAM)
+    kinds = [json.loads(line)["kind"] for line in lines]
+    assert kinds == ["stream.opened", "turn.started", "lease.taken", *["turn.started"] * 3]
+    key = _keys(lines[0], user)
+    expected = LeaseTaken(
+        holder=second.holder, previous_holder=first.holder, previous_since=held.since
+    )
+    assert _open(lines[2], key) == canonical_body(expected)
+    assert [_open(line, key) for line in lines[3:]] == [
+        canonical_body(_started(n)) for n in (1, 2, 3)
+    ]
+    assert verify_store(store, key=user).ok
+
+
+def test_an_opening_whose_lease_was_left_by_a_crash_records_no_takeover(
+    store: Path, user: KeyPair
+) -> None:
+    """A writer that took a new stream's lease and crashed before its opening was committed
+    left a lease row and nothing else: the next opener takes it silently."""
+    crashed = SQLiteStore(store)
+    crashed.take_lease(STREAM, "crashed")
+    crashed.close()  # no release: the lock goes with the file, the row stays
+    with Log.open(store, lease_wait=0) as log:
+        log.open_stream(STREAM, [user.recipient])
+        assert log.append(STREAM, _started(0)).seq == 1
+        lease = log.store.lease(STREAM)
+        assert lease is not None and (lease.holder, lease.released) == (log.holder, False)
+    kinds = [json.loads(line)["kind"] for line in stored_lines(store, STREAM)]
+    assert kinds == ["stream.opened", "turn.started"]
+    raw = SQLiteStore(store, readonly=True)
+    try:
+        after = raw.lease(STREAM)
+        assert after is not None and (after.holder, after.released) == (log.holder, True)
+    finally:
+        raw.close()
+
+
+def test_a_request_refused_its_lease_fails_alone_in_its_batch(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    """A second live writer of the file (the same keys) holds OTHER: a request for it fails
+    alone, and the requests for STREAM queued with it in one batch are written."""
+    with Log.open(store, appliance_key=appliance) as rival:
+        rival.open_stream(OTHER, [user.recipient, appliance.recipient])  # held from here on
+        held = rival.store.lease(OTHER)
+        assert held is not None
+        gated = GatedStore(store)
+        signer = Signer.load_or_create(store.with_name("record.db.signing-key"), "affidavit-log")
+        with Log(gated, signer, appliance_key=appliance, lease_wait=0) as log:
+            log.open_stream(STREAM, [user.recipient, appliance.recipient])
+            gated.hold()
+            head = log._submit(STREAM, _started(0))
+            assert gated.entered.wait(30)
+            refused = log._submit(OTHER, _started(0))
+            after = log._submit(STREAM, _started(1))
+            _wait_queued(log, 2)
+            gated.gate.set()
+            with pytest.raises(LeaseHeld) as caught:
+                refused.result(5)
+            assert type(caught.value) is LeaseHeld
+            assert str(caught.value) == (
+                f"stream 'log-2' is being written by another live process ({rival.holder}, "
+                f"since {held.since}): one writer per stream; stop that one first, or continue "
+                "the session in a new stream"
+            )
+            assert (head.result(5).seq, after.result(5).seq) == (1, 2)
+            assert gated.batches[-1] == (1, 1)
+            assert len(stored_lines(store, OTHER)) == 1
+        assert rival.append(OTHER, _started(0)).seq == 1  # the rival is untouched
+
+
+def test_a_shared_store_keeps_no_log_key_and_a_stream_is_its_openers(
+    tmp_path: Path, postgres_server: Any, user: KeyPair, appliance: KeyPair
+) -> None:
+    url: str = postgres_server.fresh_database()
+    try:
+        mine, theirs = Signer.generate("affidavit-log"), Signer.generate("affidavit-log")
+        with Log(PostgresStore(url), mine, appliance_key=appliance) as log:
+            log.open_stream(STREAM, [user.recipient, appliance.recipient])
+            assert log.store.get_meta("log_key") is None
+            owner, since = log.holder, log.store.lease(STREAM).since  # type: ignore[union-attr]
+        # another appliance's log on the same database: not refused, but not the stream's owner
+        with Log(PostgresStore(url), theirs, lease_wait=0) as other:
+            assert other.store.get_meta("log_key") is None
+            for write in (
+                lambda: other.append(STREAM, _started(0)),
+                lambda: other.checkpoint(STREAM),
+            ):
+                with pytest.raises(NotOwner) as caught:
+                    write()
+                assert str(caught.value) == (
+                    f"stream 'log-1' was opened by the appliance whose log key is {mine.vkey()};"
+                    f" this one ({theirs.vkey()}) may not append to it: continue the session in "
+                    "a new stream"
+                )
+            other.open_stream(OTHER, [user.recipient])  # its own stream: written
+            assert other.append(OTHER, _started(0)).seq == 1
+            # refused before its lease was taken: the owner's row stands, let go; nothing written
+            assert other.store.lease(STREAM) == Lease(STREAM, owner, since, released=True)
+            assert other.store.size(STREAM) == 1
+        # the owner goes on after it
+        with Log(PostgresStore(url), mine, appliance_key=appliance, lease_wait=0) as log:
+            assert log.append(STREAM, _started(0)).seq == 1
+            with pytest.raises(NotOwner):
+                log.append(OTHER, _started(1))
+    finally:
+        postgres_server.drop_database(url)
+
+
+def test_a_writer_whose_lease_was_taken_from_it_writes_nothing_more(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    """Each batch is checked against the writer's lease inside its transaction: a writer that
+    lost its stream (its lock gone, as if its process had been taken for dead, and another
+    took the stream) is refused from then on, and nothing of its batch is written."""
+    with Log.open(store, appliance_key=appliance) as log:
+        log.open_stream(STREAM, [user.recipient, appliance.recipient])
+        log.store._drop_locks()  # type: ignore[attr-defined]
+        rival = SQLiteStore(store)
+        try:
+            orphaned = rival.take_lease(STREAM, "rival", wait=0)
+            assert orphaned is not None and orphaned.holder == log.holder
+            with pytest.raises(LeaseLost) as caught:
+                log.append(STREAM, _started(0))
+            assert str(caught.value) == (
+                f"stream 'log-1': this writer ({log.holder}) does not hold its lease (rival "
+                "does); nothing of this batch was written"
+            )
+            with pytest.raises(LeaseLost):
+                log.checkpoint(STREAM)
+        finally:
+            rival.close()
+    assert len(stored_lines(store, STREAM)) == 1

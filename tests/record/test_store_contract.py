@@ -7,8 +7,16 @@ database per test, so no test sees another's streams.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
 import sqlite3
+import stat
+import struct
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +25,7 @@ import pytest
 
 from record.errors import LeaseHeld, LeaseLost, StoreMissing
 from record.merkle import hash_leaf
+from record.schema import utc_timestamp
 from record.sqlite_store import SQLiteStore
 from record.store import LogStore, PendingCheckpoint, PendingEntry, StoredCheckpoint
 
@@ -510,10 +519,17 @@ def test_every_batch_checks_its_writers_lease_inside_the_transaction(open_store:
     store.take_lease("a", "me")
     stored, _ = store.append([pending("a")], holder="me")
     assert [e.seq for e in stored] == [0]
-    for holder, stream in (("someone else", "a"), ("me", "unleased")):
+    for holder, stream, refused, who in (
+        ("someone else", "a", "a", "me"),
+        ("me", "unleased", "unleased", "nobody"),
+    ):
         with pytest.raises(LeaseLost) as caught:
             store.append([pending(stream), pending("a")], holder=holder)
         assert "nothing of this batch was written" in str(caught.value)
+        assert str(caught.value) == (
+            f"stream {refused!r}: this writer ({holder}) does not hold its lease ({who} does); "
+            "nothing of this batch was written"
+        )
     assert store.size("a") == 1 and store.size("unleased") == 0
     # a checkpoint alone is a write to its stream too
     with pytest.raises(LeaseLost):
@@ -547,3 +563,230 @@ def test_a_holder_that_never_let_go_is_named_to_the_next_taker(open_store: Opene
     assert orphaned == held and orphaned is not None and not orphaned.released
     again = second.take_lease("a", "next", wait=0)  # taking one's own lease again: no news
     assert again is None
+
+
+def test_a_waiting_taker_gets_the_stream_once_its_holder_lets_go(open_store: Opener) -> None:
+    first, second = open_store(), open_store()
+    first.take_lease("a", "first")
+    letting_go = threading.Timer(0.3, first.release_leases, ("first",))
+    started = time.monotonic()
+    letting_go.start()
+    try:
+        assert second.take_lease("a", "second", wait=10) is None  # let go: nothing to record
+    finally:
+        letting_go.join()
+    assert time.monotonic() - started >= 0.25  # it waited for the holder
+    lease = second.lease("a")
+    assert lease is not None and (lease.holder, lease.released) == ("second", False)
+    assert [e.seq for e in second.append([pending("a")], holder="second")[0]] == [0]
+
+
+def test_leases_of_many_streams_are_held_apart(open_store: Opener) -> None:
+    first, second = open_store(), open_store()
+    streams = [f"s-{n}" for n in range(16)]
+    for n, stream in enumerate(streams):
+        (first, second)[n % 2].take_lease(stream, ("first", "second")[n % 2], wait=0)
+    for n, stream in enumerate(streams):
+        lease = first.lease(stream)
+        assert lease is not None and lease.holder == ("first", "second")[n % 2]
+        assert lease.released is False and lease.stream == stream
+        with pytest.raises(LeaseHeld):  # each still the taker's
+            (second, first)[n % 2].take_lease(stream, "third", wait=0)
+    first.release_leases("first")
+    for n, stream in enumerate(streams):
+        lease = second.lease(stream)
+        assert lease is not None and lease.released is (n % 2 == 0)
+
+
+def test_a_store_takes_a_lease_again_after_letting_go(open_store: Opener) -> None:
+    store = open_store()
+    store.take_lease("a", "me")
+    store.release_leases("me")
+    assert store.take_lease("a", "me", wait=0) is None
+    lease = store.lease("a")
+    assert lease is not None and (lease.holder, lease.released) == ("me", False)
+    assert [e.seq for e in store.append([pending("a")], holder="me")[0]] == [0]
+    other = open_store()
+    with pytest.raises(LeaseHeld):  # held again, by its lock as by its row
+        other.take_lease("a", "other", wait=0)
+
+
+def test_a_readonly_store_reads_the_lease_rows(open_store: Opener) -> None:
+    open_store().take_lease("a", "me")
+    reader = open_store(readonly=True)
+    lease = reader.lease("a")
+    assert lease is not None and (lease.stream, lease.holder, lease.released) == ("a", "me", False)
+    assert reader.lease("b") is None
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_OFD_SETLK"), reason="no OFD locks here")
+def test_sqlite_leases_are_one_byte_locks_on_a_private_file_beside_the_store(
+    tmp_path: Path,
+) -> None:
+    """The byte is the first six bytes of the stream name's SHA-256, big-endian: any process
+    that locks it (open-file-description locks) holds the stream, and only that byte."""
+    path = tmp_path / "contract.db"
+    store = SQLiteStore(path)
+    try:
+        store.take_lease("a", "me")
+        leases = tmp_path / "contract.db-leases"
+        assert stat.S_IMODE(leases.stat().st_mode) == 0o600
+        offset = int.from_bytes(hashlib.sha256(b"b").digest()[:6], "big")
+        fd = os.open(leases, os.O_RDWR)
+        try:
+            for start, length in ((offset - 1, 1), (offset + 1, 1)):  # its neighbours
+                lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, start, length, 0)
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
+            assert store.take_lease("b", "me", wait=0) is None
+            other = SQLiteStore(path)
+            try:
+                fcntl.fcntl(
+                    fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_UNLCK, 0, 0, 0, 0)
+                )
+                offset_c = int.from_bytes(hashlib.sha256(b"c").digest()[:6], "big")
+                lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset_c, 1, 0)
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
+                with pytest.raises(LeaseHeld) as caught:  # no row: nobody named
+                    other.take_lease("c", "other", wait=0)
+                assert "(another writer)" in str(caught.value)
+            finally:
+                other.close()
+        finally:
+            os.close(fd)
+    finally:
+        store.close()
+
+
+def test_a_readonly_or_closed_store_takes_and_lets_go_of_no_lease(open_store: Opener) -> None:
+    writer = open_store()
+    writer.take_lease("a", "me")
+    ro = open_store(readonly=True)
+    writes: list[Callable[[], object]] = [
+        lambda: ro.take_lease("b", "me", wait=0),
+        lambda: ro.release_leases("me"),
+    ]
+    for write in writes:
+        with pytest.raises(PermissionError, match="was opened read-only"):
+            write()
+    lease = ro.lease("a")
+    assert lease is not None and lease.released is False and ro.lease("b") is None
+    writer.close()
+    writes = [lambda: writer.take_lease("b", "me", wait=0), lambda: writer.release_leases("me")]
+    for write in writes:
+        with pytest.raises(PermissionError, match="was closed"):
+            write()
+    lease = ro.lease("a")
+    assert lease is not None and lease.released is False  # closed is not let go
+
+
+def test_postgres_a_lease_changes_hands_only_between_batches_of_its_stream(pg_url: str) -> None:
+    """Taking a lease row waits for a batch of the stream that is open (which holds the
+    stream's transaction lock), so no batch checks a lease that changes hands under it."""
+    import psycopg
+
+    from record.postgres_store import PostgresStore
+
+    store = PostgresStore(pg_url)
+    taken: list[object] = []
+    try:
+        with psycopg.connect(pg_url) as batch:  # a batch of stream "a", open
+            batch.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (0x41666664, "a"))
+            taker = threading.Thread(target=lambda: taken.append(store.take_lease("a", "me")))
+            taker.start()
+            taker.join(0.5)
+            assert taker.is_alive() and taken == []  # waits for the batch
+            assert store.lease("a") is None
+            batch.commit()
+            taker.join(10)
+        assert taken == [None]
+        lease = store.lease("a")
+        assert lease is not None and (lease.holder, lease.released) == ("me", False)
+    finally:
+        store.close()
+
+
+def test_a_lease_row_says_when_it_was_taken(open_store: Opener) -> None:
+    store = open_store()
+    before = utc_timestamp()
+    store.take_lease("a", "me")
+    after = utc_timestamp()
+    lease = store.lease("a")
+    assert lease is not None and before <= lease.since <= after  # RFC 3339 UTC sorts as text
+    with pytest.raises(LeaseHeld) as caught:
+        open_store().take_lease("a", "other", wait=0)
+    assert f"(me, since {lease.since})" in str(caught.value)
+
+
+def test_sqlite_a_failed_lease_statement_leaves_no_transaction_open(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "contract.db")
+    try:
+        bad: Any = ["not", "text"]
+        with pytest.raises(sqlite3.ProgrammingError):
+            store.take_lease("a", bad)
+        with pytest.raises(sqlite3.ProgrammingError):
+            store.release_leases(bad)
+        assert store.lease("a") is None
+        assert store.take_lease("a", "me") is None  # the writer is not left in a transaction
+        store.release_leases("me")
+        lease = store.lease("a")
+        assert lease is not None and lease.released is True
+    finally:
+        store.close()
+
+
+_TRY_LOCKS = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+for start in map(int, sys.argv[2:]):
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, start)
+        print("free")
+    except OSError:
+        print("held")
+"""
+
+
+def test_sqlite_without_ofd_locks_a_lease_is_the_processs_lock_on_its_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there are no open-file-description locks (macOS), the lease is a POSIX lock on
+    the same byte: another process is refused it, and only it."""
+    monkeypatch.delattr(fcntl, "F_OFD_SETLK", raising=False)
+    path = tmp_path / "contract.db"
+    store = SQLiteStore(path)
+    try:
+        assert store.take_lease("a", "me", wait=0) is None
+        offset = int.from_bytes(hashlib.sha256(b"a").digest()[:6], "big")
+        starts = [str(n) for n in (offset - 1, offset, offset + 1)]
+        child = subprocess.run(
+            [sys.executable, "-c", _TRY_LOCKS, f"{path}-leases", *starts],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+        )
+        assert child.stdout.split() == ["free", "held", "free"]
+    finally:
+        store.close()
+
+
+def test_postgres_the_lease_session_commits_durably_too(pg_url: str) -> None:
+    """The lease row is written on the lease's own session, which gets the store's session
+    settings like every other: ``synchronous_commit`` on even where the database's default
+    turned it off."""
+    import psycopg
+    from psycopg import sql
+
+    from record.postgres_store import PostgresStore
+
+    alter = sql.SQL("ALTER DATABASE {} SET synchronous_commit = off")
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(alter.format(sql.Identifier(pg_url.rsplit("/", 1)[1])))
+    store = PostgresStore(pg_url)
+    try:
+        store.take_lease("a", "me")
+        session = store._lease_conn  # the connection that holds the leases' locks
+        assert session is not None
+        assert session.execute("SHOW synchronous_commit").fetchone() == ("on",)
+    finally:
+        store.close()
