@@ -456,14 +456,18 @@ def log_checkpoint(
     ] = None,
     as_json: _Json = False,
 ) -> int:
-    """Sign a checkpoint of a stream now."""
-    from record.log import Log
+    """Sign a checkpoint of a stream now (beside a running appliance too: it adds no entry)."""
+    from record.log import sign_stored, signing_key_file
 
     source = _store_of(store, home)
     # A database's signing key is not beside it: it is the appliance's, in its home.
-    signing_key = home_root(home) / SIGNING_KEY_FILE if is_url(source) else None
-    with Log.open(source, signing_key=signing_key) as log:
-        cp = log.checkpoint(stream)
+    given = home_root(home) / SIGNING_KEY_FILE if is_url(source) else None
+    signer = Signer.load_or_create(signing_key_file(source, given), LOG_KEY_NAME)
+    opened = open_store(source)
+    try:
+        cp = sign_stored(opened, signer, stream)
+    finally:
+        opened.close()
     if out:
         Path(out).write_bytes(cp.note)
     if as_json:

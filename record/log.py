@@ -205,14 +205,7 @@ class Log:
         a PostgreSQL URL, which needs ``signing_key``: the key is this appliance's, kept on
         its own disk, never in the shared database.
         """
-        if is_url(location):
-            if signing_key is None:
-                raise ValueError("a PostgreSQL store needs signing_key: the log key's file")
-            key_path = signing_key
-        else:
-            path = Path(location)
-            key_path = signing_key or path.with_name(path.name + ".signing-key")
-        signer = Signer.load_or_create(key_path, LOG_KEY_NAME)
+        signer = Signer.load_or_create(signing_key_file(location, signing_key), LOG_KEY_NAME)
         return cls(open_store(location), signer, appliance_key=appliance_key, lease_wait=lease_wait)
 
     # -- public API ------------------------------------------------------------------------------
@@ -587,6 +580,54 @@ class Log:
             return sign_checkpoint(self.signer, cp)
 
         return sign
+
+
+def signing_key_file(location: Path | str, given: Path | None = None) -> Path:
+    """Where a store's log signing key is: ``given``, else ``<file>.signing-key`` beside a
+    SQLite file; a PostgreSQL store has none beside it (the key is the appliance's)."""
+    if given is not None:
+        return given
+    if is_url(location):
+        raise ValueError("a PostgreSQL store needs signing_key: the log key's file")
+    path = Path(location)
+    return path.with_name(path.name + ".signing-key")
+
+
+def sign_stored(store: LogStore, signer: Signer, stream: str) -> StoredCheckpoint:
+    """A checkpoint of ``stream`` as stored, signed by a process that is not its writer
+    (``affidavit log checkpoint`` beside a running appliance, which holds the stream's lease).
+
+    It adds no entry, so it needs no lease: its size is the one its transaction sees (which,
+    holding the stream's lock, no batch can change) and its root is computed from the stored
+    leaves up to that size, which are never rewritten. Only the stream's own log key signs:
+    another key is refused, as a writer with it would be.
+    """
+    leaves = store.leaf_hashes(stream, 1)
+    if not leaves:
+        raise UnknownStream(f"stream {stream!r} has not been opened")
+    if not store.shared:
+        kept = store.get_meta("log_key")
+        if kept is not None and kept != signer.vkey():
+            raise RecordError(f"this store's checkpoints are signed by {kept}, not this key")
+    first = next(iter(store.entries(stream, 0, 1)))
+    opening = parse_entry(first.line)
+    owner = opening.body.get("log_key") if isinstance(opening.body, dict) else None
+    if opening.kind == "stream.opened" and owner != signer.vkey():
+        raise NotOwner(
+            f"stream {stream!r} was opened by the appliance whose log key is {owner}; this "
+            f"key ({signer.vkey()}) may not sign its checkpoints"
+        )
+
+    def sign(size: int) -> bytes:
+        tree = merkle.CompactRange()
+        for leaf in store.leaf_hashes(stream, size):
+            tree.append(leaf)
+        if tree.size != size:
+            raise RecordError(f"tree of {stream} has {tree.size} leaves, store has {size}")
+        return sign_checkpoint(signer, Checkpoint(origin_for(signer, stream), size, tree.root()))
+
+    _, signed = store.append([], [PendingCheckpoint(stream, sign)])
+    return signed[0]
 
 
 def _wrap_all(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from record.checkpoint import Signer
-from record.errors import LeaseHeld
+from record.errors import LeaseHeld, RecordError
 from record.log import LOG_KEY_NAME, Log, _Request
 from record.seal import KeyPair
 from record.sqlite_store import SQLiteStore
@@ -95,3 +95,28 @@ def test_a_store_that_cannot_let_go_still_closes(
         again.append(STREAM, _started(0))
     kinds = [json.loads(line)["kind"] for line in stored_lines(store, STREAM)]
     assert kinds == ["stream.opened", "lease.taken", "turn.started"]
+
+
+def test_log_checkpoint_signs_beside_a_running_writer(
+    store: Path, user: KeyPair, appliance: KeyPair, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`affidavit log checkpoint` adds no entry, so it needs no lease: beside the writer that
+    holds the stream (a running appliance) it signs the stream as stored, at once."""
+    from affidavit.cli import main
+    from record.audit import verify_store
+    from record.checkpoint import open_checkpoint
+    from record.log import sign_stored
+
+    with Log.open(store, appliance_key=appliance) as running:
+        running.open_stream(STREAM, [user.recipient, appliance.recipient])
+        last = running.append(STREAM, _started(0))
+        assert main(["log", "checkpoint", STREAM, "--store", str(store), "--json"]) == 0
+        note = json.loads(capsys.readouterr().out)
+        checkpoint, _ = open_checkpoint(note["note"].encode(), [running.signer.verifier()])
+        assert (checkpoint.size, checkpoint.root_hash) == (last.tree_size, last.root_hash)
+        after = running.append(STREAM, _started(1))  # the writer goes on, untouched
+        assert after.seq == last.seq + 1
+        stranger = Signer.generate(LOG_KEY_NAME)  # another key signs nothing of this store
+        with pytest.raises(RecordError, match="signed by"):
+            sign_stored(running.store, stranger, STREAM)
+    assert verify_store(store, key=user).ok
