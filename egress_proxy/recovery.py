@@ -22,6 +22,7 @@ from record.errors import CannotOpen, LeaseHeld, NotOwner, RecordError
 from record.log import Log
 from record.reader import StreamKeys
 from record.schema import Entry, FetchResponse, ModelResponse, Strict, ToolResult, parse_entry
+from record.store import opened_by
 
 logger = logging.getLogger(__name__)
 
@@ -65,20 +66,11 @@ class Unreadable:
 
 
 def _opened_by(log: Log, stream: str) -> bool:
-    """Whether the stream's opening names this log's key, or cannot say (then the stream
-    is read whole, as before): one entry read, so a shared store's other streams cost
-    nothing at each start."""
-    first = next(iter(log.store.entries(stream, 0, 1)), None)
-    if first is None:
-        return True
-    try:
-        entry = parse_entry(first.line)
-    except (RecordError, ValueError):
-        return True  # reported, with the rest of the stream, by the whole read
-    body = entry.body
-    if entry.kind != "stream.opened" or not isinstance(body, dict):
-        return True
-    return body.get("log_key") == log.log_key()
+    """Whether the stream's opening names this log's key, or cannot say (then the stream is
+    read whole, as before): one entry read, so a shared store's other streams cost nothing
+    at each start."""
+    owner = opened_by(log.store, stream)
+    return owner is None or owner == log.log_key()
 
 
 def recover_unknown(log: Log, unreadable: list[Unreadable] | None = None) -> list[Recovered]:

@@ -75,7 +75,7 @@ from record.schema import (
     parse_head,
 )
 from record.seal import KeyPair
-from record.store import LogStore
+from record.store import opened_by
 
 #: At most this many problems of one code are listed per stream; the rest are counted.
 _PER_CODE_LIMIT = 50
@@ -590,7 +590,7 @@ def verify_store(
         routed = _route_kept(kept, streams)
         name = store_label(path)
         for stream in streams:
-            log_key = pinned or _opening_log_key(store, stream)
+            log_key = pinned or opened_by(store, stream)
             count = store.size(stream)
             rows = (Row(e.line, e.seq, e.leaf_hash, name) for e in store.entries(stream))
             notes = [
@@ -605,22 +605,6 @@ def verify_store(
         return report
     finally:
         store.close()
-
-
-def _opening_log_key(store: LogStore, stream: str) -> str | None:
-    """The log key a stream's ``stream.opened`` names, when its first entry is one."""
-    first = next(iter(store.entries(stream, 0, 1)), None)
-    if first is None:
-        return None
-    try:
-        entry = parse_entry(first.line)
-    except SchemaError:
-        return None  # the stream's own audit names the malformed line
-    body = entry.body
-    if entry.kind != "stream.opened" or not isinstance(body, dict):
-        return None
-    key = body.get("log_key")
-    return key if isinstance(key, str) else None
 
 
 def _route_kept(

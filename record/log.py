@@ -71,6 +71,7 @@ from record.store import (
     PendingEntry,
     StoredCheckpoint,
     StoredEntry,
+    opened_by,
 )
 
 LOG_KEY_NAME = "affidavit-log"
@@ -139,7 +140,6 @@ class _StreamState:
     tree: merkle.CompactRange
     epoch: int
     data_key: bytes | None  # None until opened with a recipient key (after a restart)
-    owner: str | None = None  # the log key its stream.opened names (None: not read here)
 
 
 @dataclass
@@ -169,14 +169,7 @@ class Log:
         self.store = store
         self.signer = signer
         self.appliance_key = appliance_key
-        if not store.shared:  # one appliance's own file: one log key for all of it
-            existing = store.get_meta("log_key")
-            if existing is None:
-                store.set_meta("log_key", signer.vkey())
-            elif existing != signer.vkey():
-                raise RecordError(
-                    f"this store's checkpoints are signed by {existing}, not this key"
-                )
+        _check_store_key(store, signer, claim=True)
         #: this process's name on the leases it takes: host, process id, a random tag
         self.holder = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
         self._leased: set[str] = set()  # written by the writer thread only
@@ -341,37 +334,34 @@ class Log:
             if request.stream not in self._leased:
                 try:
                     orphaned = self._take_lease(request)
+                    if orphaned is not None:  # a row from the database: checked like any input
+                        body = LeaseTaken(
+                            holder=self.holder,
+                            previous_holder=orphaned.holder,
+                            previous_since=orphaned.since,
+                        )
+                        ready.append(_Request(request.stream, body.kind, canonical_body(body)))
                 except BaseException as exc:
                     refused[request.stream] = exc
                     request.future.set_exception(exc)
                     continue
-                if orphaned is not None:
-                    body = LeaseTaken(
-                        holder=self.holder,
-                        previous_holder=orphaned.holder,
-                        previous_since=orphaned.since,
-                    )
-                    ready.append(_Request(request.stream, body.kind, canonical_body(body)))
             ready.append(request)
         return ready
 
     def _take_lease(self, request: _Request) -> Lease | None:
         opening = request.kind == "stream.opened"
         if not opening:
-            owner = self._state(request.stream).owner
-            if owner is not None and owner != self.signer.vkey():
-                raise NotOwner(
-                    f"stream {request.stream!r} was opened by the appliance whose log key is "
-                    f"{owner}; this one ({self.signer.vkey()}) may not append to it: continue "
-                    "the session in a new stream"
-                )
+            _check_owner(self.store, self.signer, request.stream, "append to it")
         with self._write_lock:
             orphaned = self.store.take_lease(request.stream, self.holder, wait=self._lease_wait)
         self._leased.add(request.stream)
-        # what was read of the stream before it was ours may be stale: the writer it waited
-        # for may have appended since; read it again, now that nobody else can
+        # what was read of the stream before it was ours is stale if the writer it waited for
+        # appended since (entries are only ever added: the same size is the same stream)
+        size = self.store.size(request.stream)
         with self._lock:
-            self._streams.pop(request.stream, None)
+            state = self._streams.get(request.stream)
+            if state is not None and state.tree.size != size:
+                del self._streams[request.stream]
         # a stream's first entry is its opening: an opening that crashed before its commit
         # left a lease and nothing else, and there is nothing to record it in
         return None if opening else orphaned
@@ -387,15 +377,14 @@ class Log:
         tree = merkle.CompactRange()
         for leaf in leaves:
             tree.append(leaf)
-        epoch, data_key, owner = self._recover_key(stream)
-        state = _StreamState(tree, epoch, data_key, owner)
+        epoch, data_key = self._recover_key(stream)
+        state = _StreamState(tree, epoch, data_key)
         with self._lock:
             return self._streams.setdefault(stream, state)
 
-    def _recover_key(self, stream: str) -> tuple[int, bytes | None, str | None]:
-        """After a restart: the latest data key, unwrapped with the appliance's own key, and
-        the log key the stream's opening names (its owner)."""
-        epoch, wrapped, owner = 0, None, None
+    def _recover_key(self, stream: str) -> tuple[int, bytes | None]:
+        """The latest data key after a restart, unwrapped with the appliance's own key."""
+        epoch, wrapped = 0, None
         for stored in self.store.entries(stream):
             if not stored.line.startswith(b'{"body":{'):
                 continue  # a sealed body: only clear (key-distribution) entries matter here
@@ -403,16 +392,14 @@ class Log:
             if entry.kind in CLEAR_KINDS and isinstance(entry.body, dict):
                 epoch = int(entry.body["key_epoch"])  # type: ignore[arg-type]
                 wrapped = entry.body["recipients"]
-                if entry.kind == "stream.opened":
-                    owner = str(entry.body.get("log_key"))
         if self.appliance_key is None or not isinstance(wrapped, list):
-            return epoch, None, owner
+            return epoch, None
         mine = self.appliance_key.recipient.text()
         for item in wrapped:
             if isinstance(item, dict) and item.get("recipient") == mine:
                 sealed_key = base64.b64decode(str(item["sealed_key"]))
-                return epoch, self.appliance_key.unwrap(sealed_key, stream, epoch), owner
-        return epoch, None, owner
+                return epoch, self.appliance_key.unwrap(sealed_key, stream, epoch)
+        return epoch, None
 
     def _run(self) -> None:
         while True:
@@ -430,7 +417,12 @@ class Log:
                     stop = True
                     break
                 batch.append(item)
-            self._commit(batch)
+            try:
+                self._commit(batch)
+            except BaseException as exc:  # a fault no one request owns: fail the batch, go on
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(exc)
             if stop:
                 return
 
@@ -477,9 +469,7 @@ class Log:
             return
         for stream, tree in trees.items():
             epoch, key = keys[stream]
-            before = self._streams.get(stream)  # a stream opened here is this key's own
-            owner = before.owner if before is not None else self.signer.vkey()
-            self._streams[stream] = _StreamState(tree, epoch, key, owner)
+            self._streams[stream] = _StreamState(tree, epoch, key)
         notes = {cp.stream: cp for cp in signed}
         entries = iter(stored)
         for request in live:
@@ -582,6 +572,28 @@ class Log:
         return sign
 
 
+def _check_store_key(store: LogStore, signer: Signer, *, claim: bool) -> None:
+    """One appliance's own file has one log key for all of it (a shared store has none):
+    another key is refused; ``claim`` records this one in a store that has none yet."""
+    if store.shared:
+        return
+    kept = store.get_meta("log_key")
+    if kept is None and claim:
+        store.set_meta("log_key", signer.vkey())
+    elif kept is not None and kept != signer.vkey():
+        raise RecordError(f"this store's checkpoints are signed by {kept}, not this key")
+
+
+def _check_owner(store: LogStore, signer: Signer, stream: str, what: str) -> None:
+    """A stream is its opener's for life: another appliance's log key may not ``what``."""
+    owner = opened_by(store, stream)
+    if owner is not None and owner != signer.vkey():
+        raise NotOwner(
+            f"stream {stream!r} was opened by the appliance whose log key is {owner}; this "
+            f"one ({signer.vkey()}) may not {what}: continue the session in a new stream"
+        )
+
+
 def signing_key_file(location: Path | str, given: Path | None = None) -> Path:
     """Where a store's log signing key is: ``given``, else ``<file>.signing-key`` beside a
     SQLite file; a PostgreSQL store has none beside it (the key is the appliance's)."""
@@ -602,21 +614,10 @@ def sign_stored(store: LogStore, signer: Signer, stream: str) -> StoredCheckpoin
     leaves up to that size, which are never rewritten. Only the stream's own log key signs:
     another key is refused, as a writer with it would be.
     """
-    leaves = store.leaf_hashes(stream, 1)
-    if not leaves:
+    if not store.size(stream):
         raise UnknownStream(f"stream {stream!r} has not been opened")
-    if not store.shared:
-        kept = store.get_meta("log_key")
-        if kept is not None and kept != signer.vkey():
-            raise RecordError(f"this store's checkpoints are signed by {kept}, not this key")
-    first = next(iter(store.entries(stream, 0, 1)))
-    opening = parse_entry(first.line)
-    owner = opening.body.get("log_key") if isinstance(opening.body, dict) else None
-    if opening.kind == "stream.opened" and owner != signer.vkey():
-        raise NotOwner(
-            f"stream {stream!r} was opened by the appliance whose log key is {owner}; this "
-            f"key ({signer.vkey()}) may not sign its checkpoints"
-        )
+    _check_store_key(store, signer, claim=False)
+    _check_owner(store, signer, stream, "sign its checkpoints")
 
     def sign(size: int) -> bytes:
         tree = merkle.CompactRange()

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from record.errors import LeaseHeld, LeaseLost
+from record.errors import LeaseHeld, LeaseLost, RecordError
+from record.schema import parse_entry
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,20 @@ def write_batch(
         target.insert_checkpoint(checkpoint)
         signed.append(checkpoint)
     return stored, signed
+
+
+def opened_by(store: LogStore, stream: str) -> str | None:
+    """The log key a stream's ``stream.opened`` names: its owner, one entry read. None when
+    the stream is empty or its first entry is not a readable opening (an audit names that)."""
+    first = next(iter(store.entries(stream, 0, 1)), None)
+    if first is None:
+        return None
+    try:
+        entry = parse_entry(first.line)
+    except (RecordError, ValueError):
+        return None
+    key = entry.body.get("log_key") if isinstance(entry.body, dict) else None
+    return key if entry.kind == "stream.opened" and isinstance(key, str) else None
 
 
 def lease_held(stream: str, lease: Lease | None) -> LeaseHeld:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from pydantic import JsonValue
@@ -18,6 +19,7 @@ from record.schema import (
     TurnEnded,
     TurnStarted,
 )
+from record.seal import KeyPair
 from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
 #: ``write_turn(log, stream, turn, tag=b"", wrong_digest=False) -> [Appended, ...]``
@@ -147,3 +149,19 @@ def _write_turn(
 def write_turn() -> WriteTurn:
     """Append one realistic tool-using turn (8 entries, checkpointed) to a stream."""
     return _write_turn
+
+
+@pytest.fixture
+def user() -> KeyPair:
+    return KeyPair.generate()
+
+
+@pytest.fixture
+def appliance() -> KeyPair:
+    return KeyPair.generate()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """Where a test's SQLite store goes (made by the first writer)."""
+    return tmp_path / "record.db"

@@ -19,21 +19,6 @@ from tests.record.raw_store import stored_lines
 from tests.record.test_log_mutants import OTHER, STREAM, _started
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "record.db"
-
-
-@pytest.fixture
-def user() -> KeyPair:
-    return KeyPair.generate()
-
-
-@pytest.fixture
-def appliance() -> KeyPair:
-    return KeyPair.generate()
-
-
 class _CountedLeases(SQLiteStore):
     """A SQLite store that counts the leases asked of it and, when told, cannot let go of
     them (as a database that went away before the writer stopped)."""
@@ -120,3 +105,20 @@ def test_log_checkpoint_signs_beside_a_running_writer(
         with pytest.raises(RecordError, match="signed by"):
             sign_stored(running.store, stranger, STREAM)
     assert verify_store(store, key=user).ok
+
+
+def test_a_malformed_lease_row_fails_one_request_and_the_writer_goes_on(
+    store: Path, user: KeyPair, appliance: KeyPair
+) -> None:
+    """The leases table is a database's, read like any input: a crashed holder's row whose
+    `since` is not a time fails the request that found it, by name, and never the writer."""
+    with Log.open(store, appliance_key=appliance) as log:
+        log.open_stream(STREAM, [user.recipient, appliance.recipient])
+    edit = sqlite3.connect(store)
+    edit.execute("UPDATE leases SET holder = 'ghost', since = 'not a time', released = 0")
+    edit.commit()
+    edit.close()
+    with Log.open(store, appliance_key=appliance, lease_wait=0) as log:
+        with pytest.raises(ValueError, match="previous_since"):
+            log._submit(STREAM, _started(0)).result(10)
+        assert log.append(STREAM, _started(1)).seq == 1  # the writer still writes

@@ -148,21 +148,6 @@ def _check_appended(
 
 
 @pytest.fixture
-def user() -> KeyPair:
-    return KeyPair.generate()
-
-
-@pytest.fixture
-def appliance() -> KeyPair:
-    return KeyPair.generate()
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "record.db"
-
-
-@pytest.fixture
 def log(store: Path, user: KeyPair, appliance: KeyPair) -> Iterator[Log]:
     with Log.open(store, appliance_key=appliance) as opened:
         opened.open_stream(STREAM, [user.recipient, appliance.recipient])

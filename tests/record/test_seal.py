@@ -168,11 +168,6 @@ def parties() -> Parties:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Path:
-    return tmp_path / "record.db"
-
-
-@pytest.fixture
 def log(store: Path, parties: Parties) -> Iterator[Log]:
     with Log.open(store, appliance_key=parties.appliance) as opened:
         yield opened
