@@ -28,6 +28,7 @@ from typing import IO, Annotated, Any, Protocol, cast
 import typer
 
 from attestation import cli as attestation_cli
+from attestation import connect_cli
 from enclave_image import cli as image_cli
 from harness import attest_collect, commands, tools_cli
 from harness.panel import cli as panel_cli
@@ -144,6 +145,7 @@ def build_app() -> typer.Typer:
     engine_cli.register(root)
     commands.register(root)
     attest_collect.register(attestation_cli.register(root))
+    connect_cli.register(root)
     panel_cli.register(root)
     image_cli.register(root)
     tools_cli.register(root)

@@ -120,6 +120,11 @@ class ProxyConfig(_Model):
     mcp_servers: McpServers = Field(default_factory=dict)  # tool servers: see tool_config
     fetch: FetchConfig = FetchConfig()
     collateral: CollateralConfig = CollateralConfig()
+    # The full image's guest: the file where its PID 1 says whether the appliance's own
+    # evidence checked out (``egress_proxy.tee_status``); pinned sessions are refused unless
+    # it says attested (or unattested operation allowed). None: nothing checked (``affidavit
+    # up`` on a developer's machine).
+    tee_status: Path | None = None
 
     @model_validator(mode="before")
     @classmethod

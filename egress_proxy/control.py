@@ -36,6 +36,7 @@ from egress_proxy.collateral import Collateral
 from egress_proxy.errors import MalformedFetch, ProxyError, ReplayMiss
 from egress_proxy.proto import control_pb2 as pb
 from egress_proxy.sessions import Session, SessionRegistry
+from egress_proxy.tee_status import REFUSAL, TeeStatusError, pins_refusal, read_tee_status
 from record.digest import Domain, digest
 from record.errors import SchemaError
 from record.limits import JsonRefused, load_json
@@ -100,11 +101,29 @@ class ControlServicer:
     """The handlers, each a plain method over the registry and its log."""
 
     def __init__(
-        self, registry: SessionRegistry, collateral: FetchCollateral | None = None
+        self,
+        registry: SessionRegistry,
+        collateral: FetchCollateral | None = None,
+        tee_status: Path | None = None,
     ) -> None:
         self.registry = registry
         self.log = registry.log
         self.collateral = collateral
+        self.tee_status = tee_status
+
+    def _may_pin(self, pins: Mapping[str, JsonValue] | None) -> None:
+        """Refuse pins (``FAILED_PRECONDITION``) on an appliance whose check of its own
+        evidence failed or has not run; the status file is read at each call (PID 1 writes
+        it after the proxy started). No pins, or no status file configured: nothing to
+        check."""
+        if not pins or self.tee_status is None:
+            return
+        try:
+            refusal = pins_refusal(read_tee_status(self.tee_status))
+        except TeeStatusError as exc:
+            refusal = f"the appliance's self-check status cannot be read ({exc})"
+        if refusal is not None:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, REFUSAL + refusal)
 
     def _session(self, session_id: str) -> Session:
         session = self.registry.get(session_id)
@@ -119,10 +138,10 @@ class ControlServicer:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad recipient key: {exc}") from None
         if not recipients and self.log.appliance_key is None:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a session needs a recipient key")
+        pins = _pins(request.pins_json)
+        self._may_pin(pins)
         try:
-            opened = self.registry.open_session(
-                recipients, dict(request.labels), _pins(request.pins_json)
-            )
+            opened = self.registry.open_session(recipients, dict(request.labels), pins)
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         return pb.OpenSessionResponse(
@@ -134,8 +153,10 @@ class ControlServicer:
 
     def set_pins(self, request: pb.SetPinsRequest) -> pb.SetPinsResponse:
         session = self._session(request.session_id)
+        pins = _pins(request.pins_json)
+        self._may_pin(pins)
         try:
-            appended = self.registry.set_pins(session, _pins(request.pins_json))
+            appended = self.registry.set_pins(session, pins)
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         return pb.SetPinsResponse(seq=appended.seq)
@@ -321,9 +342,10 @@ class ControlPlane:
         *,
         workers: int = 8,
         collateral: FetchCollateral | None = None,
+        tee_status: Path | None = None,
     ) -> None:
         self.path = Path(path)
-        self.servicer = ControlServicer(registry, collateral)
+        self.servicer = ControlServicer(registry, collateral, tee_status)
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers), options=_OPTIONS
         )

@@ -79,7 +79,9 @@ class ProxyServer:
         self.control = None
         if control_socket:
             collateral = self._collateral if self.app.state.collateral is not None else None
-            self.control = ControlPlane(self.registry, control_socket, collateral=collateral)
+            self.control = ControlPlane(
+                self.registry, control_socket, collateral=collateral, tee_status=config.tee_status
+            )
 
     def _collateral(self, session: Session, path: str) -> Collateral:
         """A control-plane thread's collateral fetch, run on the data plane's loop (where the

@@ -10,14 +10,27 @@ In order, one console line per step (``docs/image.md``, "The full profile's gues
    ``test-insecure``: a fixed key, loudly), LUKS2 formatted at first boot, mounted.
 3. **Keys**: the sealing key and the log signing key, born here at first boot and kept on the
    state disk; ``report_data`` binds their public halves; an SNP report carries it.
-4. **Services**: engine, proxy and harness panel, each under its own uid, supervised; the
-   engine serves what the model disk's ``model.json`` names (the release model, or a test
-   build's tiny one, said loudly), and answers only the token born at this boot, which only
-   the engine's and the proxy's uids can read.
-5. **Timer**: ``affidavit diverge`` as the harness every 7 days.
-6. **Health**: one ``affidavit-appliance ready …`` line once all three answer; an optional
-   self-test turn; then supervision until SIGTERM/SIGUSR2/the power button, a clean stop
-   (services, unmount, LUKS close) and power-off.
+4. **Proxy and evidence**: the proxy first, under its own uid; the boot evidence (an SNP
+   report carrying ``report_data``) kept in the record through it, with its chain (the
+   host's certificate table, or AMD's KDS fetched through the proxy).
+5. **Self-check**: the appliance checks its own evidence (``attestation.self_check``:
+   signature and chain, TCB, policy bits, the binding of its keys; never its own launch
+   digest, which only outsiders can compare with the published values) and writes the
+   outcome where the proxy reads it (``egress_proxy.tee_status``). Failed (no TEE, the test
+   key source, a bad chain …): the proxy refuses pinned sessions, unless
+   ``affidavit.unattested=allow`` is on the (measured) command line, said loudly.
+6. **Services**: the engine (``AFFIDAVIT_TEE_TYPE``: what the self-check showed, else
+   ``none``, in every reproducibility block) and the harness panel, each under its own uid,
+   supervised; the engine serves what the model disk's ``model.json`` names (the release
+   model, or a test build's tiny one, said loudly), and answers only the token born at this
+   boot, which only the engine's and the proxy's uids can read. The external TLS port
+   (``harness.front``: the attested key kept on the state disk, ``/attestation`` answered
+   with fresh evidence, the rest relayed to the proxy).
+7. **Timer**: ``affidavit diverge`` as the harness every 7 days.
+8. **Health**: one ``affidavit-appliance ready …`` line once all three answer; an optional
+   self-test turn (pinned: refused, in one line, by an appliance whose self-check failed);
+   then supervision until SIGTERM/SIGUSR2/the power button, a clean stop (services,
+   unmount, LUKS close) and power-off.
 
 Every path and port is a field of ``GuestLayout`` with the guest's value as default, so the
 tests run each piece on a host.
@@ -52,9 +65,12 @@ from enclave_image.appliance_tee import KEY_SOURCES, KeySource, TeeError, disk_k
 from enclave_image.appliance_tsm import TSM_REPORTS, Collected, collect_evidence
 
 if TYPE_CHECKING:
+    from attestation.channel import EvidenceSource
+    from attestation.self_check import SelfCheck
     from attestation.snp_report import Product, SnpReport
     from egress_proxy.control import ControlClient
     from egress_proxy.netrules import HarnessRules
+    from harness.front import Front
 
 __all__ = [
     "BootOptions",
@@ -136,6 +152,8 @@ class GuestLayout:
     engine_port: int = 8000
     proxy_port: int = 8700
     harness_port: int = 8600
+    tls_port: int = 8443  # the external TLS port: the attested front (``harness.front``)
+    tls_host: str = "0.0.0.0"  # where the front listens (tests: loopback)
     kds_url: str = "https://kdsintf.amd.com"  # where the proxy fetches a missing SNP chain
     proxy_uid: int = 1001
     engine_uid: int = 1002
@@ -146,6 +164,9 @@ class GuestLayout:
     diverge_period: timedelta = timedelta(days=7)
     diverge_timeout: float = 6 * 3600.0
     selftest_timeout: float = 1800.0
+    #: The ARKs the self-check trusts in place of AMD's pinned roots: None in the guest
+    #: (nothing on the kernel command line sets it); tests give the TEE double's.
+    self_check_roots: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # added to every service's environment
 
     @cached_property
@@ -173,6 +194,17 @@ class GuestLayout:
     def control_socket(self) -> Path:
         return self.run_dir / "proxy" / "control.sock"
 
+    @property
+    def tee_status_file(self) -> Path:
+        """The self-check's outcome (``egress_proxy.tee_status``): root's, 0644, in the run
+        folder (root's, fresh at each boot), so the proxy's uid reads it and cannot change it."""
+        return self.run_dir / "tee-status.json"
+
+    @property
+    def tls_dir(self) -> Path:
+        """The external TLS key and certificate: root's only (0700), on the state disk."""
+        return self.state_mount / "tls"
+
     def token_file(self, service: str) -> Path:
         """``service``'s copy (``engine`` or ``proxy``) of the engine's token, in its own
         0700 folder."""
@@ -191,6 +223,7 @@ class BootOptions:
     keysource: KeySource
     probe: tuple[str, int] | None = None
     selftest: bool = False
+    allow_unattested: bool = False  # affidavit.unattested=allow: pins even when not attested
 
 
 def parse_cmdline(text: str) -> BootOptions:
@@ -229,7 +262,10 @@ def parse_cmdline(text: str) -> BootOptions:
     selftest = given.get("selftest")
     if selftest not in (None, "turn"):
         raise Refused(f"affidavit.selftest={selftest}: the only self-test is `turn`")
-    return BootOptions(Path(state), source, probe, selftest == "turn")
+    unattested = given.get("unattested")
+    if unattested not in (None, "allow"):
+        raise Refused(f"affidavit.unattested={unattested}: the only value is `allow`")
+    return BootOptions(Path(state), source, probe, selftest == "turn", unattested == "allow")
 
 
 # -- 1. network rules --------------------------------------------------------------------------
@@ -275,6 +311,7 @@ def guest_rules(layout: GuestLayout) -> HarnessRules:
         api_port=layout.harness_port,
         proxy_uid=layout.proxy_uid,
         loopback_uids=(0,),
+        tls_port=layout.tls_port,
     )
 
 
@@ -343,6 +380,7 @@ def prepare_dirs(layout: GuestLayout) -> None:
         (layout.record_dir, p, h, 0o2750),
         (layout.home_dir, h, h, 0o700),
         (layout.evidence_dir, 0, 0, 0o700),
+        (layout.tls_dir, 0, 0, 0o700),
         (layout.run_dir, 0, 0, 0o755),
         (layout.control_socket.parent, p, h, 0o2750),
         (layout.run_dir / "home", 0, 0, 0o755),
@@ -417,7 +455,13 @@ def write_appliance_json(layout: GuestLayout) -> None:
 
 
 def _service(
-    layout: GuestLayout, name: str, uid: int, gid: int, argv: list[str], umask: int
+    layout: GuestLayout,
+    name: str,
+    uid: int,
+    gid: int,
+    argv: list[str],
+    umask: int,
+    extra: dict[str, str] | None = None,
 ) -> Service:
     env = {
         "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
@@ -427,6 +471,7 @@ def _service(
         "AFFIDAVIT_HOME": str(layout.home_dir),
         **({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {}),
         **layout.env,
+        **(extra or {}),
     }
     switch = layout.switch_users
     return Service(
@@ -440,8 +485,10 @@ def _service(
     )
 
 
-def services(layout: GuestLayout) -> dict[str, Service]:
-    """The three services (and the divergence job), as the supervisor runs them."""
+def services(layout: GuestLayout, tee_type: str = "none") -> dict[str, Service]:
+    """The three services (and the divergence job), as the supervisor runs them. ``tee_type``:
+    what the self-check showed (``sev-snp``, ``tdx``, or ``none``), which the engine puts in
+    every reproducibility block (``AFFIDAVIT_TEE_TYPE``)."""
     cli = [layout.python, "-m", "affidavit"]
     p, e, h = layout.proxy_uid, layout.engine_uid, layout.harness_uid
     home = ["--home", str(layout.home_dir)]
@@ -452,13 +499,15 @@ def services(layout: GuestLayout) -> dict[str, Service]:
              "--port", str(layout.engine_port), "--model-name", layout.model.name,
              "--token-file", str(layout.token_file("engine")), "--log-level", "warning"],
             0o077,
+            {"AFFIDAVIT_TEE_TYPE": tee_type},
         ),
         "proxy": _service(
             layout, "proxy", p, h,  # gid: new record files are the harness's group to read
             [layout.python, "-m", "enclave_image.appliance_proxy", "--record",
              str(layout.record_dir), "--control", str(layout.control_socket), "--port",
              str(layout.proxy_port), "--engine", layout.url(layout.engine_port),
-             "--engine-token-file", str(layout.token_file("proxy")), "--kds", layout.kds_url],
+             "--engine-token-file", str(layout.token_file("proxy")), "--kds", layout.kds_url,
+             "--tee-status", str(layout.tee_status_file)],
             0o027,
         ),
         "harness": _service(
@@ -512,14 +561,15 @@ def ready_line(layout: GuestLayout, first_boot: bool, report_data: bytes) -> str
     )
 
 
-def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say) -> None:
+def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say) -> bytes:
     """Keep the boot evidence on the state disk and in the record, through the proxy's
     control plane (``ArchiveEvidence``) in a stream of its own, sealed to the appliance's key:
     the SNP report and its certificate chain, under the names ``bind-check`` pairs them by.
     The chain comes from the host's certificate table (configfs-tsm's ``auxblob``) when the
     host gives one, else from AMD's KDS through the proxy (``FetchCollateral``: both answers
     recorded in the same stream). A chain that cannot be had is said, and the report is kept
-    regardless: ``bind-check --certs`` takes the chain later."""
+    regardless: ``bind-check --certs`` takes the chain later. Returns the chain kept (PEM:
+    VCEK, ASK, ARK), empty when none: what the self-check and the attested front use."""
     from attestation.bind_check import evidence_names
     from attestation.binding import binding_digest
     from attestation.snp import parse_report
@@ -531,7 +581,7 @@ def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say
             f"evidence: a {evidence.kind} report ({len(evidence.report)} bytes) came through"
             f" {evidence.via}; keeping {evidence.kind} evidence is not built yet"
         )
-        return
+        return b""
     report = evidence.report
     parsed = parse_report(report)
     if bytes(parsed.report_data)[:32] != binding_digest(keys.log_key, keys.sealing_raw):
@@ -565,6 +615,7 @@ def keep_evidence(layout: GuestLayout, keys: Keys, evidence: Collected, say: Say
             say("evidence: no certificate chain kept: bind-check needs it given (--certs)")
     finally:
         client.channel.close()
+    return chain
 
 
 def cpu_product(cpuinfo: Path) -> Product | None:
@@ -634,8 +685,16 @@ def _last_json(lines: list[str]) -> dict[str, object] | None:
     return None
 
 
+class _Refused(Exception):
+    """The proxy refused the self-test's pinned session (the message says why)."""
+
+
 def selftest_turn(layout: GuestLayout, sup: Supervisor, say: Say) -> None:
-    """One pinned agent turn through the proxy, as the harness: ``session new`` then ``turn``."""
+    """One pinned agent turn through the proxy, as the harness: ``session new`` then ``turn``.
+    An appliance that refuses pinned sessions (its self-check failed) says so in one line
+    (``selftest: refused: …``) and goes on running."""
+    from egress_proxy.tee_status import REFUSAL
+
     base = services(layout)["diverge"]
     cli = [layout.python, "-m", "affidavit"]
     home = ["--home", str(layout.home_dir)]
@@ -646,12 +705,19 @@ def selftest_turn(layout: GuestLayout, sup: Supervisor, say: Say) -> None:
             Service(name, argv, base.uid, base.gid, base.env, base.cwd, base.umask),
             layout.selftest_timeout,
         )
+        refused = next((line for line in done.lines if REFUSAL in line), None)
+        if done.returncode != 0 and refused is not None:
+            raise _Refused(refused.split(REFUSAL, 1)[1])
         parsed = _last_json(done.lines)
         if done.returncode != 0 or parsed is None:
             raise StartError(f"selftest: {' '.join(args[:2])} exited {done.returncode}")
         return parsed
 
-    opened = job("selftest", "session", "new", "--pin", "default")
+    try:
+        opened = job("selftest", "session", "new", "--pin", "default")
+    except _Refused as exc:
+        say(f"selftest: refused: {exc}")
+        return
     session = str(opened["session"])
     result = job("selftest", "turn", session, "Say hello in five words.")
     answer = str(result.get("answer") or "")
@@ -663,10 +729,107 @@ def selftest_turn(layout: GuestLayout, sup: Supervisor, say: Say) -> None:
     )
 
 
+def self_check(
+    layout: GuestLayout,
+    options: BootOptions,
+    keys: Keys,
+    nonce: bytes,
+    evidence: Collected | None,
+    chain: bytes,
+    say: Say,
+) -> SelfCheck:
+    """Check this boot's own evidence (``attestation.self_check``), write the outcome where
+    the proxy reads it (``layout.tee_status_file``: root's, 0644) and say it: attested, or
+    FAILED and pinned sessions refused, or FAILED and, by ``affidavit.unattested=allow``,
+    allowed all the same, loudly."""
+    from datetime import UTC, datetime
+
+    from attestation.evidence import read_trusted_roots
+    from attestation.self_check import SelfCheck, check_own
+    from egress_proxy.tee_status import TeeStatus, write_tee_status
+
+    now = datetime.now(UTC)
+    if options.keysource != "snp":
+        absent = f"keysource={options.keysource} asks no TEE"
+    else:
+        absent = f"neither {layout.tsm_reports} nor {layout.sev_guest} is here"
+    try:
+        trusted = read_trusted_roots(layout.self_check_roots) if layout.self_check_roots else None
+        checked = check_own(
+            evidence.kind if evidence is not None else None,
+            evidence.report if evidence is not None else None,
+            chain,
+            log_key=keys.log_key,
+            sealing_public=keys.sealing_raw,
+            nonce=nonce,
+            now=now,
+            trusted=trusted,
+            absent=absent,
+        )
+    except Exception as exc:  # a check that cannot run is a check that failed, never a crash
+        checked = SelfCheck(
+            False, "none", [], f"the check did not run: {type(exc).__name__}: {exc}"
+        )
+    status = TeeStatus(
+        attested=checked.attested,
+        tee_type=checked.tee_type,
+        allow_unattested=options.allow_unattested,
+        reason=checked.reason,
+        checked_at=now,
+    )
+    try:
+        write_tee_status(layout.tee_status_file, status)
+    except OSError as exc:
+        raise StartError(f"selfcheck: cannot write {layout.tee_status_file}: {exc}") from None
+    if checked.attested:
+        say(f"selfcheck: {checked.summary()}")
+        for check in checked.checks:
+            if check.ok is None:
+                say(f"selfcheck: not checked here: {check.name}: {check.detail}")
+    elif options.allow_unattested:
+        say(f"selfcheck: FAILED: {checked.reason}")
+        say(
+            "selfcheck: WARNING: unattested operation allowed by affidavit.unattested=allow:"
+            " every reply says tee_type none"
+        )
+    else:
+        say(f"selfcheck: FAILED: {checked.reason}: pinned sessions are refused")
+    return checked
+
+
+def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Say) -> Front:
+    """The external TLS port (``harness.front``): TLS with the key kept in ``layout.tls_dir``
+    (made at first boot), ``/attestation`` answered from ``source`` bound to that key, every
+    other request relayed to the proxy on loopback."""
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from attestation.tls_identity import TlsIdentityError, tls_identity
+    from harness.front import Attested, Front, NoTee
+
+    try:
+        tls = tls_identity(layout.tls_dir)
+    except (TlsIdentityError, OSError) as exc:
+        raise StartError(f"front: the TLS key: {exc}") from None
+    identity = ChannelIdentity(keys.log_key, keys.sealing_raw, tls.spki_sha256)
+    app = Attested(Relay(layout.url(layout.proxy_port)), identity, source)
+    try:
+        front = Front(layout.tls_host, layout.tls_port, tls, app).start()
+    except (OSError, RuntimeError) as exc:
+        raise StartError(
+            f"front: cannot serve {layout.tls_host}:{layout.tls_port}: {exc}"
+        ) from None
+    answers = "503 no_tee (no TEE)" if isinstance(source, NoTee) else "fresh evidence"
+    say(
+        f"front: {front.url}: TLS key spki sha256={tls.spki_sha256.hex()}; /attestation"
+        f" answers {answers}; every other request goes to the proxy"
+    )
+    return front
+
+
 def run_appliance(
     layout: GuestLayout, options: BootOptions, first_boot: bool, say: Say, stop: threading.Event
 ) -> int:
-    """Steps 3 to 6 on a mounted state disk, then supervision until ``stop``."""
+    """Steps 3 to 8 on a mounted state disk, then supervision until ``stop``."""
     prepare_dirs(layout)
     keys = prepare_keys(layout)
     where = layout.record_dir
@@ -689,6 +852,7 @@ def run_appliance(
                 f" {layout.sev_guest} is here"
             )
     model = layout.model
+    layout.tee_status_file.unlink(missing_ok=True)  # never an earlier boot's word
     if model.test_model is None:
         say(f"model: {model.name} ({model.path})")
     else:
@@ -702,14 +866,27 @@ def run_appliance(
     sup = Supervisor(say, reap_all=os.getpid() == 1)
     sup.start_reaper()
     timer: WeeklyTimer | None = None
+    front: Front | None = None
     try:
-        sup.start(specs["engine"])
+        # the proxy first: keeping the evidence (and fetching its chain from KDS) needs it;
+        # until the self-check's status is written it refuses pinned sessions
         sup.start(specs["proxy"])
         wait_for("proxy", layout.url(layout.proxy_port) + "/metrics", layout.start_timeout, stop)
         say("health: proxy answers /metrics")
-        if evidence is not None:
-            keep_evidence(layout, keys, evidence, say)
+        from enclave_image.appliance_channel import GuestEvidence
+        from harness.front import NoTee
+
+        chain = keep_evidence(layout, keys, evidence, say) if evidence is not None else b""
+        checked = self_check(layout, options, keys, nonce, evidence, chain, say)
+        # the engine puts what the check showed in every reproducibility block
+        sup.start(services(layout, checked.tee_type)["engine"])
         sup.start(specs["harness"])
+        source: EvidenceSource = (
+            GuestEvidence(chain, reports=layout.tsm_reports, sev_guest=layout.sev_guest)
+            if options.keysource == "snp"
+            else NoTee()
+        )
+        front = start_front(layout, keys, source, say)
 
         def diverge() -> None:
             say("timer: divergence check starting")
@@ -748,6 +925,8 @@ def run_appliance(
     finally:
         if timer is not None:
             timer.stop()
+        if front is not None:
+            front.stop()
         say("appliance: stopping the services")
         sup.stop_all()
 

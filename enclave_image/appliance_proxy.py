@@ -10,6 +10,10 @@ The engine answers only its token (``--engine-token-file``: the proxy's copy, wh
 appliance writes at each boot); the proxy sends it as the provider's key (``api_key_file``),
 on both mounted APIs.
 
+With ``--tee-status FILE`` the control plane refuses pinned sessions until PID 1's check of
+its own evidence (``attestation.self_check``), written to that file, says the appliance is
+attested or that unattested operation is allowed (``egress_proxy.tee_status``).
+
 The control socket is made group-writable (0660): the harness's uid, in the record folder's
 group, must reach it; no one else can (the folder is 0750).
 """
@@ -29,10 +33,15 @@ ROUTE = "/v1/chat/completions"
 
 
 def proxy_config(
-    port: int, engine_url: str, token_file: Path | None = None, kds_url: str | None = None
+    port: int,
+    engine_url: str,
+    token_file: Path | None = None,
+    kds_url: str | None = None,
+    tee_status: Path | None = None,
 ) -> dict[str, object]:
     """The proxy's config: loopback data plane, the engine behind it (its token read from
-    ``token_file``), fetch on, boot evidence's collateral from ``kds_url`` (default: AMD's)."""
+    ``token_file``), fetch on, boot evidence's collateral from ``kds_url`` (default: AMD's),
+    pinned sessions refused unless ``tee_status`` (PID 1's self-check) allows them."""
     model: dict[str, object] = {"api": "openai", "base_url": engine_url, "engine_extensions": True}
     if token_file is not None:
         model["api_key_file"] = str(token_file)
@@ -44,6 +53,8 @@ def proxy_config(
     }
     if kds_url is not None:
         config["collateral"] = {"base_url": kds_url}
+    if tee_status is not None:
+        config["tee_status"] = str(tee_status)
     return config
 
 
@@ -58,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--kds", help="AMD's KDS, or a mirror: where a missing SNP chain is fetched from"
+    )
+    parser.add_argument(
+        "--tee-status",
+        type=Path,
+        help="the appliance's self-check (written by PID 1): pinned sessions are refused"
+        " until it says attested, or unattested operation allowed",
     )
     args = parser.parse_args(argv)
 
@@ -77,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     args.control.unlink(missing_ok=True)  # a socket left by a killed run
-    config = parse_config(proxy_config(args.port, args.engine, args.engine_token_file, args.kds))
+    config = parse_config(
+        proxy_config(args.port, args.engine, args.engine_token_file, args.kds, args.tee_status)
+    )
     try:
         api_keys(config)  # the engine's token: readable, and only by this uid
     except ConfigError as exc:

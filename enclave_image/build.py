@@ -638,8 +638,9 @@ HEALTH_RE = re.compile(
 #: The full profile's line, printed by ``enclave_image.appliance`` once every service answers.
 READY_RE = re.compile(r"affidavit-appliance ready .*")
 #: With ``affidavit.selftest=turn`` the boot waits on, after the ready line, the outcome of
-#: one pinned agent turn the guest runs through its own proxy.
-SELFTEST_RE = re.compile(r"selftest: turn .*")
+#: one pinned agent turn the guest runs through its own proxy: its reply, or its refusal
+#: (an appliance whose self-check failed refuses pinned sessions).
+SELFTEST_RE = re.compile(r"selftest: (turn|refused:) .*")
 STATE_DISK_BYTES = 256 * 1024 * 1024
 #: The full profile's test boots' vCPU: numpy (the GGUF reader's) needs x86-64-v2 (SSE4.2,
 #: POPCNT), which QEMU's default TCG vCPU (qemu64) lacks; any SEV-SNP host's EPYC has it.
@@ -657,7 +658,11 @@ class TrialBoot:
 
 @contextmanager
 def trial_boot_options(
-    result: BuildResult, state_disk: Path | None = None, *, selftest: bool = False
+    result: BuildResult,
+    state_disk: Path | None = None,
+    *,
+    selftest: bool = False,
+    allow_unattested: bool = False,
 ) -> Iterator[TrialBoot]:
     """What a QEMU test boot of ``result`` needs beyond the image: for the full profile a
     state disk (a fresh sparse file unless given), a NIC, the test key source instead of the
@@ -665,7 +670,8 @@ def trial_boot_options(
     the published measurement) and a loopback TCP listener the guest's network rules are
     probed against (``affidavit.probe=10.0.2.2:<port>``, QEMU's address for the host), whose
     accepted connections are counted in ``probe_accepted``, and an x86-64-v2 vCPU
-    (``TEST_CPU``)."""
+    (``TEST_CPU``). ``allow_unattested``: ``affidavit.unattested=allow``, so the guest, which
+    has no TEE to show itself attested with, still opens pinned sessions (loudly)."""
     if result.profile != "full":
         yield TrialBoot({})
         return
@@ -695,6 +701,8 @@ def trial_boot_options(
                   f"affidavit.probe=10.0.2.2:{listener.getsockname()[1]}"]  # fmt: skip
         if selftest:
             words.append("affidavit.selftest=turn")
+        if allow_unattested:
+            words.append("affidavit.unattested=allow")
         try:
             yield TrialBoot(
                 {"append": " ".join(words), "state_disk": disk, "nic": True, "cpu": TEST_CPU,

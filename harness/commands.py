@@ -192,6 +192,16 @@ def register(app: typer.Typer) -> None:
                 "(default: record.db in the home)",
             ),
         ] = None,
+        external: Annotated[
+            str | None,
+            typer.Option(
+                "--external",
+                metavar="HOST:PORT",
+                help="also serve the data plane there over TLS with the home's key (tls.key, "
+                "made at first use), answering /attestation (on a machine with no TEE: 503 "
+                "no_tee); clients check it with `affidavit connect`",
+            ),
+        ] = None,
     ) -> None:
         """Run the appliance here (engine or provider, proxy, control plane) until interrupted."""
         from harness.up import load_mcp_servers, serve_forever
@@ -205,6 +215,8 @@ def register(app: typer.Typer) -> None:
                 "give --provider-url and --model-name together", param_hint="--provider-url"
             )
         options: dict[str, Any] = {"engine": model, "search_url": search_url, "store": store}
+        if external is not None:
+            options["external"] = _address(external)
         if fetch_allow:
             options["fetch_allow"] = tuple(fetch_allow)
         if mcp_config is not None:
@@ -221,6 +233,15 @@ def register(app: typer.Typer) -> None:
                 provider["api_key_env"] = api_key_env
             options.update(provider=provider, model=model_name)
         raise typer.Exit(serve_forever(_home(home), **options))
+
+    def _address(text: str) -> tuple[str, int]:
+        host, sep, port = text.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise typer.BadParameter(
+                f"{text!r}: HOST:PORT, e.g. 0.0.0.0:8443", param_hint="--external"
+            )
+        return host, int(port)
 
     @session_app.command("new")
     def session_new(
@@ -301,6 +322,8 @@ def register(app: typer.Typer) -> None:
             appliance.model,
             state.pins,
             appliance.mcp_servers,
+            proxy_url=appliance.proxy_url,
+            external_url=appliance.external_url,
         )
         if as_json:
             print(json.dumps(connection.to_json()))

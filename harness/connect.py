@@ -33,6 +33,9 @@ class Connection:
     model: str  # the model id the appliance serves (what a client's ``model`` must say)
     pins: dict[str, JsonValue] | None = None
     mcp_servers: tuple[str, ...] = field(default=())
+    #: The same session at the appliance's external TLS address (``up --external``), for a
+    #: client on another machine: it checks the appliance first (``affidavit connect``).
+    external_base_url: str | None = None
 
     @classmethod
     def of(
@@ -43,9 +46,16 @@ class Connection:
         model: str,
         pins: dict[str, JsonValue] | None,
         mcp_servers: Iterable[str] = (),
+        proxy_url: str | None = None,
+        external_url: str | None = None,
     ) -> Connection:
+        """``external_url`` (with the ``proxy_url`` it stands for): the external address."""
         servers = tuple(sorted(mcp_servers))
-        return cls(session, base_url.rstrip("/"), token, model, pins, servers)
+        base = base_url.rstrip("/")
+        outside = None
+        if external_url and proxy_url and base.startswith(proxy_url.rstrip("/")):
+            outside = external_url.rstrip("/") + base[len(proxy_url.rstrip("/")) :]
+        return cls(session, base, token, model, pins, servers, outside)
 
     @property
     def openai_base_url(self) -> str:
@@ -68,6 +78,7 @@ class Connection:
             "mcp_url": self.mcp_url,
             "mcp_servers": {name: f"{self.mcp_url}/{name}" for name in self.mcp_servers},
             "pins": self.pins,
+            "external_base_url": self.external_base_url,
         }
 
     def text(self) -> list[str]:
@@ -82,6 +93,14 @@ class Connection:
             f"model    {self.model}",
             f"mcp_url  {self.mcp_url}/SERVER  (servers: {servers})",
             f"pins     {pins}",
+            *(
+                [
+                    f"outside  {self.external_base_url}  (TLS; check the appliance first: "
+                    "affidavit connect URL --published FILE)"
+                ]
+                if self.external_base_url
+                else []
+            ),
         ]
 
     def env(self) -> list[str]:

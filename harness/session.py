@@ -29,6 +29,7 @@ from harness.state import (
     Home,
     HomeMissing,
     KeyFileInvalid,
+    PinsRefused,
     SessionState,
     SessionUnknown,
     TurnUnknown,
@@ -102,10 +103,12 @@ def _read_key(path: Path) -> KeyPair:
 @contextmanager
 def control(appliance: Appliance) -> Iterator[Any]:
     """The appliance's control plane; ``ApplianceGone`` when its socket does not answer (the
-    ``up`` that wrote ``appliance.json`` is gone), never gRPC's own traceback."""
+    ``up`` that wrote ``appliance.json`` is gone), ``PinsRefused`` when it refuses a pinned
+    session (its check of its own evidence failed), never gRPC's own traceback."""
     import grpc
 
     from egress_proxy.control import ControlClient
+    from egress_proxy.tee_status import REFUSAL
 
     if not Path(appliance.control_socket).exists():
         raise ApplianceGone(
@@ -115,6 +118,9 @@ def control(appliance: Appliance) -> Iterator[Any]:
         try:
             yield client
         except grpc.RpcError as exc:
+            details = exc.details() or ""
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(REFUSAL):
+                raise PinsRefused(details) from None  # its self-check failed: one line, exit 1
             if exc.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
             by = f" (pid {appliance.pid})" if appliance.pid is not None else ""

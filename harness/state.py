@@ -40,6 +40,7 @@ __all__ = [
     "HomeLock",
     "HomeMissing",
     "KeyFileInvalid",
+    "PinsRefused",
     "SessionState",
     "SessionUnknown",
     "TurnUnknown",
@@ -76,6 +77,11 @@ class TurnUnknown(HomeMissing):
     """The session has no such turn."""
 
 
+class PinsRefused(HomeError):
+    """The appliance refuses pinned sessions: its check of its own evidence failed, or has
+    not run yet (``egress_proxy.tee_status``); the message is the proxy's (exit 1)."""
+
+
 class KeyFileInvalid(HomeError):
     """A key file that is there but is not a usable key (exit 2: the file given is wrong)."""
 
@@ -99,6 +105,7 @@ class Appliance(BaseModel):
     model: str
     api: Literal["openai", "anthropic"] = "openai"  # the model API its provider speaks
     engine_url: str | None = None
+    external_url: str | None = None  # the TLS address outside users reach (``up --external``)
     search_url: str | None = None  # web_search's endpoint, ``{query}`` replaced (through fetch)
     mcp_servers: dict[str, list[str]] = {}  # server -> its idempotent tools
     pid: int | None = None

@@ -47,13 +47,16 @@ from record.backends import StoreLocation, is_url, location, store_name
 from record.cli import SIGNING_KEY_FILE, STORE_FILE, home_store
 
 if TYPE_CHECKING:
+    from attestation.channel import EvidenceSource
     from egress_proxy.server import ProxyServer
+    from harness.front import Front
 
 __all__ = [
     "DEFAULT_MODEL",
     "TINY_MODEL",
     "EngineProcess",
     "EngineStartError",
+    "ExternalError",
     "RunningAppliance",
     "engine_model",
     "running_appliance",
@@ -69,6 +72,13 @@ TINY_MODEL = "tiny"
 PORT_FILE = "proxy.port"
 SESSION_BOOK = "proxy-sessions.db"
 _TINY_NAME = "affidavit-tiny"
+
+
+class ExternalError(Exception):
+    """``--external`` cannot be served: its address is taken or not ours, or the home's TLS
+    key is unusable (exit 2: choose another address, or mend or remove ``tls.key``)."""
+
+    exit_code = 2
 
 
 class EngineStartError(Exception):
@@ -274,6 +284,7 @@ class RunningAppliance:
     engine: EngineProcess | None  # None: another provider is behind the proxy
     proxy: Any  # egress_proxy.server.ProxyServer
     log: Any  # record.log.Log
+    front: Front | None = None  # the external TLS address, when asked for
 
 
 @contextmanager
@@ -290,6 +301,9 @@ def running_appliance(
     provider: Mapping[str, Any] | None = None,
     model: str | None = None,
     store: str | None = None,
+    external: tuple[str, int] | None = None,
+    evidence: EvidenceSource | None = None,
+    release: str | None = None,
 ) -> Iterator[RunningAppliance]:
     """Engine, proxy and control plane, running until the block ends. ``engine`` is the
     embedded engine's model (:func:`engine_model`). ``clock`` fixes the instant the proxy
@@ -302,7 +316,11 @@ def running_appliance(
     ``store``: where the record goes, a SQLite file or a ``postgresql://`` URL (default, and
     until another is given: ``record.db`` in the home); kept in the home's ``store`` file, so
     that readers find it with no ``up`` running. ``HomeInUse`` when another appliance holds
-    ``home`` (its ``up.lock``)."""
+    ``home`` (its ``up.lock``). ``external`` (host, port): also serve the data plane there
+    over TLS with the home's TLS key (``tls.key``, made at first use), answering
+    ``/attestation`` from ``evidence`` (an ``attestation.channel.EvidenceSource``; default
+    none: this machine is no TEE, and ``/attestation`` says so); ``release`` is the published
+    version it claims."""
     from egress_proxy.clock import Clock
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -388,15 +406,53 @@ def running_appliance(
             model=model,
             api="anthropic" if api == "anthropic" else "openai",
             engine_url=running.url if running is not None else None,
+            external_url=None,
             search_url=search_url,
             mcp_servers={
                 name: list(cfg.get("idempotent_tools", ())) for name, cfg in servers.items()
             },
             pid=os.getpid(),
         )
+        front = None
+        if external is not None:
+            front = stack.enter_context(
+                _front(home, external, log, appliance_key, proxy.url, evidence, release)
+            )
+            say(f"serving {front.url} over TLS (key sha256:{front.tls.spki_sha256.hex()})")
+            appliance = appliance.model_copy(update={"external_url": front.url})
         home.write_appliance(appliance)
         stack.callback(_remove_if_ours, home.appliance_file, home.appliance_file.read_bytes())
-        yield RunningAppliance(home, appliance, running, proxy, log)
+        yield RunningAppliance(home, appliance, running, proxy, log, front)
+
+
+def _front(
+    home: Home,
+    external: tuple[str, int],
+    log: Any,
+    appliance_key: Any,
+    proxy_url: str,
+    evidence: EvidenceSource | None,
+    release: str | None,
+) -> Front:
+    """The external TLS listener, its key the home's (made here the first time)."""
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from attestation.tls_identity import TlsIdentityError, tls_identity
+    from harness.front import Attested, Front, NoTee
+
+    host, port = external
+    try:
+        tls = tls_identity(home.root)
+    except TlsIdentityError as exc:
+        raise ExternalError(f"the TLS key: {exc}") from None
+    identity = ChannelIdentity(
+        log.log_key(), appliance_key.recipient.public.public_bytes_raw(), tls.spki_sha256
+    )
+    try:
+        app = Attested(Relay(proxy_url), identity, evidence or NoTee(), release)
+        return Front(host, port, tls, app)
+    except OSError as exc:
+        raise ExternalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def _clear_stale(home: Home, say: Callable[[str], None]) -> None:
@@ -539,6 +595,12 @@ def serve_forever(home: Home, **options: Any) -> int:
         ) as up:
             a = up.appliance
             print(f"affidavit is up: proxy {a.proxy_url}, control {a.control_socket}", flush=True)
+            if a.external_url is not None:
+                print(
+                    f"outside users: {a.external_url} (check it first: affidavit connect "
+                    f"{a.external_url} --published FILE)",
+                    flush=True,
+                )
             print(
                 f"record {store_name(a.store)}; state in {home.root}. Ctrl-C stops it.",
                 flush=True,
@@ -549,6 +611,9 @@ def serve_forever(home: Home, **options: Any) -> int:
         return exc.exit_code
     except ConfigError as exc:  # the proxy's config (MCP servers included): 2, or 3 if missing
         print(f"affidavit: cannot start the proxy: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ExternalError as exc:  # --external: the address or the home's TLS key, 2
+        print(f"affidavit: --external: {exc}", file=sys.stderr)
         return exc.exit_code
     except HomeInUse as exc:  # another `up` holds this home: 2, naming its pid and URL
         print(f"affidavit: error: {exc}", file=sys.stderr)

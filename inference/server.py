@@ -37,10 +37,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import uvicorn
@@ -50,7 +51,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from inference.block import EngineInfo, Reply, reply_identity, reproducibility_block
-from inference.checkpoint import load_checkpoint
+from inference.checkpoint import Checkpoint, load_checkpoint
 from inference.constrained import JsonGrammar, ToolCallGrammar, Vocabulary, validate_tools
 from inference.delivery import finished, submit
 from inference.engine_token import EngineTokenAuth
@@ -81,11 +82,14 @@ from inference.tokenizer import ChatTemplateError
 from inference.tool_calls import CLOSE_TAG, OPEN_TAG
 from record.digest import prompt_digest
 
+_T = TypeVar("_T")
+
 __all__ = [
     "SESSION_HEADER",
     "Engine",
     "collect",
     "create_app",
+    "on_a_passing_thread",
     "serve",
     "stream",
 ]
@@ -96,6 +100,58 @@ SESSION_HEADER = "x-affidavit-session"
 TOOL_CALL_TAG = "<tool_call>"
 #: Under ``tool_choice: "none"`` the model neither calls a tool nor writes a tool's result.
 TOOL_RESPONSE_TAG = "<tool_response>"
+
+
+def on_a_passing_thread(work: Callable[..., _T], *args: Any) -> _T:
+    """Run ``work`` on a thread of its own that ends with it, and return what it returned.
+
+    Why: torch's CPU kernels run on OpenMP, and OpenMP (GNU libgomp, which torch's wheels
+    ship) gives every thread that starts a parallel region a team of worker threads of its
+    own, kept until that thread ends. Once the process has more such workers than cores,
+    libgomp stops letting idle workers spin and puts them to sleep after every region, so
+    each of the model's many small parallel regions pays a futex wake-up: the scheduler
+    thread's decode step ran ~7x slower (1.4 ms against 9.5 ms, tiny model, batch 16, two
+    cores) whenever another live thread (the main one, after loading the model and running
+    the self-test) had a team. So the heavy start-up work runs here, on a thread whose team
+    ends with it, and the scheduler thread is the only one that keeps a team
+    (``tests/inference/test_engine_threads.py``)."""
+    result: list[_T] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work(*args))
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            failure.append(exc)
+
+    # daemon: a Ctrl-C while it loads ends the process, not only the wait
+    thread = threading.Thread(target=run, name="affidavit-engine-load", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def _load(
+    root: Path, batch_invariance: bool
+) -> tuple[Checkpoint, DecoderModel, InvarianceReport | None]:
+    """The checkpoint, the model and (with batch invariance) the self-test's verdict."""
+    checkpoint = load_checkpoint(root)
+    model = DecoderModel(checkpoint.config, checkpoint.weights)
+    report: InvarianceReport | None = None
+    if batch_invariance:
+        report = self_test(model)
+    else:
+        model.linear_path = "stock"
+    return checkpoint, model, report
+
+
+def _all_but(size: int, token: int) -> torch.Tensor:
+    """A mask allowing every token but ``token``."""
+    mask = torch.ones(size, dtype=torch.bool)
+    mask[token] = False
+    return mask
 
 
 class Engine:
@@ -111,13 +167,7 @@ class Engine:
         prefix_cache_tokens: int = 65536,
     ) -> None:
         root = Path(model_dir)
-        checkpoint = load_checkpoint(root)
-        self.model = DecoderModel(checkpoint.config, checkpoint.weights)
-        self.report: InvarianceReport | None = None
-        if batch_invariance:
-            self.report = self_test(self.model)
-        else:
-            self.model.linear_path = "stock"
+        checkpoint, self.model, self.report = on_a_passing_thread(_load, root, batch_invariance)
         self.tokenizer = checkpoint.tokenizer
         self.tokens = checkpoint.tokens
         self.name = model_name or root.resolve().name
@@ -148,8 +198,7 @@ class Engine:
         self._no_tool_calls: torch.Tensor | None = None
         self._no_tool_text: ForbiddenMasks | None = None  # built on first use (about 1 s)
         if tag is not None:
-            self._no_tool_calls = torch.ones(self.model.config.vocab_size, dtype=torch.bool)
-            self._no_tool_calls[tag] = False
+            self._no_tool_calls = on_a_passing_thread(_all_but, self.model.config.vocab_size, tag)
 
     def _none_constraint(self) -> ForbiddenText:
         """``tool_choice: "none"`` where the tag is several tokens: neither tag in the text."""

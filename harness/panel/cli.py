@@ -10,11 +10,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 __all__ = ["register"]
+
+
+def _attested(home: Any) -> Any:
+    """``--tls``: the home's TLS key (made the first time) and what the evidence binds.
+
+    Raises:
+        HomeMissing: no appliance ran here yet.
+        typer.BadParameter: the kept TLS key is unusable (2).
+    """
+    from attestation.tls_identity import TlsIdentityError, tls_identity
+    from harness.front import home_identity
+
+    try:
+        key = tls_identity(home.root)
+    except TlsIdentityError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls") from None
+    return home_identity(home, key), key
 
 
 def register(app: typer.Typer) -> None:
@@ -54,6 +71,14 @@ def register(app: typer.Typer) -> None:
                 help="show every page redacted: FIELD, KIND:FIELD or re:PATTERN, comma-separated",
             ),
         ] = None,
+        tls: Annotated[
+            bool,
+            typer.Option(
+                "--tls",
+                help="serve over TLS with the home's attested key (tls.key, as `up --external`), "
+                "answering /attestation; check it with `affidavit connect`",
+            ),
+        ] = False,
     ) -> None:
         """Serve the reproducibility panel (sessions, turns, replay, verify, export)."""
         from harness.state import Home, HomeMissing
@@ -62,6 +87,10 @@ def register(app: typer.Typer) -> None:
 
         if bundle is not None and key is None:
             raise typer.BadParameter("--bundle needs --key FILE (your key)", param_hint="--key")
+        if bundle is not None and tls:
+            raise typer.BadParameter(
+                "a bundle is read on your own machine: no appliance to attest", param_hint="--tls"
+            )
         try:
             rules = RedactionRules.parse(redact or "")
         except ValueError as exc:
@@ -82,6 +111,7 @@ def register(app: typer.Typer) -> None:
                 except ValueError as exc:
                     raise typer.BadParameter(str(exc), param_hint="--key") from None
             source: Source
+            attested: Any = None
             if bundle is not None:
                 assert opener is not None
                 if not bundle.is_dir():
@@ -90,6 +120,8 @@ def register(app: typer.Typer) -> None:
             else:
                 source = ApplianceSource(Home.at(home), opener)
                 source.store_path()  # the record must be there
+                if tls:
+                    attested = _attested(Home.at(home))
         except HomeMissing as exc:
             print(f"affidavit: missing: {exc}", file=sys.stderr)
             raise typer.Exit(3) from None
@@ -109,4 +141,4 @@ def register(app: typer.Typer) -> None:
                     flush=True,
                 )
 
-        serve_forever(source, host, port, ready=ready)
+        serve_forever(source, host, port, ready=ready, tls=attested)

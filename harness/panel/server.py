@@ -10,9 +10,16 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.panel.source import Source
+
+if TYPE_CHECKING:
+    from attestation.channel import ChannelIdentity
+    from attestation.tls_identity import TlsIdentity
+
+    #: ``--tls``: what the evidence binds, and the key it binds
+    Attestable = tuple[ChannelIdentity, TlsIdentity]
 
 __all__ = ["RunningPanel", "bind", "running_panel", "serve_forever"]
 
@@ -36,40 +43,64 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _base(host: str, sock: socket.socket) -> str:
+def _base(host: str, sock: socket.socket, scheme: str = "http") -> str:
     port = sock.getsockname()[1]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
-def _server(app: Any) -> Any:
+def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
     import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            ssl_keyfile=str(tls.key_file) if tls is not None else None,
+            ssl_certfile=str(tls.cert_file) if tls is not None else None,
+        )
+    )
 
 
 def serve_forever(
-    source: Source, host: str = LOOPBACK, port: int = 0, *, ready: Callable[[RunningPanel], None]
+    source: Source,
+    host: str = LOOPBACK,
+    port: int = 0,
+    *,
+    ready: Callable[[RunningPanel], None],
+    tls: Attestable | None = None,
 ) -> None:
     """Serve until SIGINT or SIGTERM; ``ready`` gets the URL once the panel answers."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with running_panel(source, host, port) as panel:
+    with running_panel(source, host, port, tls=tls) as panel:
         ready(panel)
         stop.wait()
 
 
 @contextmanager
 def running_panel(
-    source: Source, host: str = LOOPBACK, port: int = 0, *, token: str | None = None
+    source: Source,
+    host: str = LOOPBACK,
+    port: int = 0,
+    *,
+    token: str | None = None,
+    tls: Attestable | None = None,
 ) -> Iterator[RunningPanel]:
-    """The panel served in a thread until the block ends."""
+    """The panel served in a thread until the block ends; with ``tls``, over TLS with the
+    appliance's attested key, answering ``/attestation`` as the data plane's front does."""
     from harness.panel.app import create_app
 
     app = create_app(source, token=token)
     sock = bind(host, port)
-    base = _base(host, sock)
-    server = _server(app)
+    served: Any = app
+    if tls is not None:
+        from harness.front import Attested, NoTee
+
+        served = Attested(app, tls[0], NoTee())
+    base = _base(host, sock, "https" if tls is not None else "http")
+    server = _server(served, tls[1] if tls is not None else None)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

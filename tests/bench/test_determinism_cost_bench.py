@@ -14,14 +14,20 @@ pytest.importorskip("torch", reason="the benchmark drives the engine: `engine` e
 
 def test_determinism_cost_quick_prints_one_table_and_a_json_line() -> None:
     lines, report = run_quick("determinism_cost.py")
-    assert set(report) == {"figures", "run", "targets", "references", "met"}
+    assert set(report) == {"figures", "forward_thread", "run", "targets", "references", "met"}
     assert set(report["figures"]) == {"1", "4", "16"}
     for batch, row in report["figures"].items():
         for mode in ("on", "off"):
             assert row[mode]["tokens_per_s"] > 0 and row[mode]["tpot_ms"] > 0, (batch, mode)
         assert row["cost"] > 0 and row["throughput_ratio"] > 0, batch
     assert report["references"] == {"vllm_h100": 1.45, "sglang": 1.34}
-    assert report["targets"] == {"cost_at_16": 1.1} and set(report["met"]) == {"cost_at_16"}
+    assert report["targets"] == {"cost_at_16": 1.1, "forward_thread": 1.1}
+    assert set(report["met"]) == {"cost_at_16", "forward_thread"}
+    forward = report["forward_thread"]
+    assert forward["batch"] == 16 and forward["scheduler_ms"] > 0 and forward["main_ms"] > 0
+    assert any(
+        line.startswith("forward pass at batch 16 (tiny): scheduler thread") for line in lines
+    )
     assert report["run"]["mode"] == "quick" and report["run"]["self_test_passed"] is True
     header = [line for line in lines if line.startswith("batch")]
     assert len(header) == 1, "one table"

@@ -350,7 +350,7 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
     from record.sqlite_store import SQLiteStore
 
     model_tree(tmp_path / "model", test_model="tiny")  # the disk a test build ships
-    engine, proxy, harness = _free_ports(3)
+    engine, proxy, harness, tls = _free_ports(4)
     (tmp_path / "state").mkdir()
     layout = GuestLayout(
         state_mount=tmp_path / "state",
@@ -361,6 +361,8 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
         engine_port=engine,
         proxy_port=proxy,
         harness_port=harness,
+        tls_port=tls,
+        tls_host="127.0.0.1",
         switch_users=False,
         start_timeout=60,
         engine_start_timeout=60,
@@ -376,7 +378,8 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
             ready.set()
 
     stop = threading.Event()
-    options = BootOptions(tmp_path / "disk", "test-insecure", selftest=True)
+    # no TEE here: the self-check fails, and only the override lets the pinned turn run
+    options = BootOptions(tmp_path / "disk", "test-insecure", selftest=True, allow_unattested=True)
     result: list[int] = []
     thread = threading.Thread(
         target=lambda: result.append(run_appliance(layout, options, True, say, stop))
@@ -402,6 +405,16 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
             request = urllib.request.Request(url, headers=bearer)
             with urllib.request.urlopen(request, timeout=10) as reply:
                 assert reply.status == 200
+        # The external TLS port: no TEE to ask here, so /attestation says so (503 no_tee)
+        import ssl
+
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with pytest.raises(urllib.error.HTTPError) as no_tee:
+            urllib.request.urlopen(
+                f"https://127.0.0.1:{tls}/attestation?nonce={'00' * 32}", context=context
+            )
+        assert no_tee.value.code == 503 and b'"no_tee"' in no_tee.value.read()
         # What an SNP guest does with its report (the TEE is the test chain's double): the
         # report must carry this appliance's binding, then the record keeps it.
         # With it, the host's certificate table (configfs-tsm's auxblob): the chain is kept
@@ -444,6 +457,21 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
     assert any(x.startswith("health: engine answers /v1/models") for x in before)
     assert any(x.startswith("timer: divergence check every 7d, next 20") for x in before)
     assert "evidence: none collected: keysource=test-insecure (no TEE to ask)" in before
+    check = before.index("selfcheck: FAILED: no evidence: keysource=test-insecure asks no TEE")
+    assert before[check + 1] == (
+        "selfcheck: WARNING: unattested operation allowed by affidavit.unattested=allow:"
+        " every reply says tee_type none"
+    )
+    # the proxy before the self-check, the engine after it, told what it showed
+    assert before.index("health: proxy answers /metrics") < check
+    started = [x for x in said if x.startswith("supervisor: started ")]
+    assert [x.split()[2] for x in started][:2] == ["proxy", "engine"], started
+    status = json.loads((tmp_path / "run" / "tee-status.json").read_text())
+    assert (status["attested"], status["tee_type"], status["allow_unattested"]) == (
+        False,
+        "none",
+        True,
+    )
     assert (
         f"model: WARNING: TEST MODEL affidavit-tiny ({tmp_path / 'model' / 'affidavit-tiny'}):"
         " a test build (test model tiny), NOT the release's model"

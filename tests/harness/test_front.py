@@ -1,0 +1,302 @@
+"""#19: the appliance's external TLS address (``affidavit up --external``, ``harness.front``).
+
+A real appliance (the tiny engine in this process, the real proxy and control plane) with
+its front on loopback: TLS with the home's own key, ``/attestation`` answered there, every
+other request relayed to the proxy unchanged, streamed. No TEE exists here: with none given,
+``/attestation`` says so (503 ``no_tee``); the attested path with a TEE double is
+``test_front_attested.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from attestation.tls_identity import CERT_FILE, KEY_FILE, spki_sha256_of, tls_identity
+from harness.session import open_session, read_bodies, user_key
+from harness.state import Home
+from harness.up import running_appliance
+from record.schema import ModelRequest, ModelResponse
+from tests.harness.rig import CLOCK, PINS, TINY_SERVED, in_process_engine
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _served_cert(url: str) -> bytes:
+    """The certificate the server at ``url`` presents, DER."""
+    host, port = url.removeprefix("https://").rsplit(":", 1)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection((host, int(port)), timeout=10) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        cert = tls.getpeercert(binary_form=True)
+    assert cert is not None
+    return cert
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Home, str, str]]:
+    home = Home(tmp_path_factory.mktemp("front") / "home")
+    with (
+        in_process_engine(home) as (_, provider),
+        running_appliance(
+            home,
+            provider=provider,
+            model=TINY_SERVED,
+            clock=CLOCK,
+            external=("127.0.0.1", 0),
+        ) as up,
+    ):
+        assert up.front is not None
+        yield home, up.front.url, up.appliance.proxy_url
+
+
+def test_the_tls_key_is_the_homes_kept_private_and_served(front: tuple[Home, str, str]) -> None:
+    home, url, _ = front
+    assert (home.root / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    kept = tls_identity(home.root)
+    served = _served_cert(url)
+    assert served == kept.cert_der
+    assert spki_sha256_of(served) == kept.spki_sha256
+    assert home.appliance().external_url == url
+
+
+def test_attestation_on_a_machine_with_no_tee_says_so(front: tuple[Home, str, str]) -> None:
+    _, url, _ = front
+    with httpx.Client(verify=False, timeout=10) as client:  # the key is not CA-vouched
+        reply = client.get(f"{url}/attestation", params={"nonce": "ab" * 32})
+        assert reply.status_code == 503
+        assert reply.json()["error"]["code"] == "no_tee"
+        for bad in ("", "ab" * 31, "zz" * 32, "ab" * 33):
+            reply = client.get(f"{url}/attestation", params={"nonce": bad})
+            assert reply.status_code == 400, bad
+            assert reply.json()["error"]["code"] == "bad_nonce"
+        reply = client.post(f"{url}/attestation", params={"nonce": "ab" * 32})
+        assert reply.status_code == 405
+
+
+def test_a_turn_through_the_front_is_the_proxys_byte_for_byte(
+    front: tuple[Home, str, str],
+) -> None:
+    """The same pinned request through the front and straight to the proxy: the same reply
+    (pinned: a pure function of the request), both recorded; a stream arrives as a stream, annotation included."""
+    home, url, proxy_url = front
+    state = open_session(home, PINS)
+    outside = state.base_url.replace(proxy_url, url) + "/v1"
+    assert outside.startswith("https://")
+    messages = [{"role": "user", "content": "Say hello."}]
+    with httpx.Client(verify=False, timeout=60) as tls_client:
+        via_front = openai.OpenAI(
+            base_url=outside, api_key=state.token, http_client=tls_client
+        ).chat.completions.with_raw_response.create(model=TINY_SERVED, messages=messages)  # type: ignore[arg-type]
+        direct = openai.OpenAI(
+            base_url=f"{state.base_url}/v1", api_key=state.token
+        ).chat.completions.with_raw_response.create(model=TINY_SERVED, messages=messages)  # type: ignore[arg-type]
+        # the same reply; only the proxy's annotation differs (its record seq, checkpoint)
+        a, b = json.loads(via_front.http_response.content), json.loads(direct.http_response.content)
+        assert a.pop("affidavit")["seq"] != b.pop("affidavit")["seq"]
+        assert a == b
+        stream = openai.OpenAI(
+            base_url=outside, api_key=state.token, http_client=tls_client
+        ).chat.completions.create(model=TINY_SERVED, messages=messages, stream=True)  # type: ignore[arg-type]
+        chunks = list(stream)
+    assert len(chunks) > 2
+    # the proxy's own annotation event (choices: []) came through the front
+    assert any(not c.choices for c in chunks)
+    bodies = [b for _, b in read_bodies(home.appliance().store, state.session_id, user_key(home))]
+    assert sum(isinstance(b, ModelRequest) for b in bodies) == 3
+    assert sum(isinstance(b, ModelResponse) for b in bodies) == 3
+
+
+def test_a_wrong_token_is_the_proxys_answer_through_the_front(
+    front: tuple[Home, str, str],
+) -> None:
+    home, url, proxy_url = front
+    state = open_session(home, PINS)
+    outside = state.base_url.replace(proxy_url, url) + "/v1"
+    with httpx.Client(verify=False, timeout=30) as client:
+        reply = client.post(
+            f"{outside}/chat/completions",
+            headers={"authorization": "Bearer wrong"},
+            json={"model": TINY_SERVED, "messages": []},
+        )
+    assert reply.status_code == 401
+    assert "code" in json.dumps(reply.json())
+
+
+def test_the_key_outlives_the_appliance(tmp_path: Path) -> None:
+    first = tls_identity(tmp_path)
+    again = tls_identity(tmp_path)
+    assert again == first
+    (tmp_path / KEY_FILE).chmod(0o644)
+    with pytest.raises(ValueError, match="others can read it"):
+        tls_identity(tmp_path)
+    (tmp_path / KEY_FILE).chmod(0o600)
+    other = tmp_path / "other"
+    other.mkdir()
+    tls_identity(other)
+    (tmp_path / CERT_FILE).write_bytes((other / CERT_FILE).read_bytes())
+    with pytest.raises(ValueError, match="is not the certificate of"):
+        tls_identity(tmp_path)
+    (tmp_path / CERT_FILE).write_text("not a certificate")
+    with pytest.raises(ValueError, match="the TLS key or certificate"):
+        tls_identity(tmp_path)
+
+
+def test_up_on_a_taken_external_address_is_a_usage_error(tmp_path: Path) -> None:
+    """``up --external`` on an address another process listens on: 2, in one line, and
+    nothing of the appliance is left running (no ``appliance.json``)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    home = tmp_path / "home"
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "affidavit",
+                "up",
+                "--home",
+                str(home),
+                "--provider-url",
+                "http://127.0.0.1:9",
+                "--model-name",
+                "nobody",
+                "--external",
+                f"127.0.0.1:{port}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        taken.close()
+    assert done.returncode == 2, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (home / "appliance.json").exists()
+    bad = subprocess.run(
+        [sys.executable, "-m", "affidavit", "up", "--home", str(home), "--external", "8443"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert bad.returncode == 2
+    assert "HOST:PORT" in bad.stderr
+
+
+def test_the_panel_over_tls_is_behind_the_same_key(front: tuple[Home, str, str]) -> None:
+    """``affidavit panel --tls``: the panel with the home's key, ``/attestation`` beside it."""
+    from harness.front import home_identity
+    from harness.panel.server import running_panel
+    from harness.panel.source import ApplianceSource
+
+    home, url, _ = front
+    opened = open_session(home, PINS).session_id
+    key = tls_identity(home.root)
+    identity = home_identity(home, key)
+    assert identity.tls_spki_sha256 == key.spki_sha256
+    with running_panel(ApplianceSource(home, None), tls=(identity, key)) as panel:
+        assert panel.base.startswith("https://127.0.0.1:")
+        assert _served_cert(panel.base) == _served_cert(url) == key.cert_der
+        with httpx.Client(verify=False, timeout=30, follow_redirects=True) as client:
+            page = client.get(panel.url)
+            assert page.status_code == 200
+            assert opened in page.text  # the home's record, read through the TLS panel
+            reply = client.get(f"{panel.base}/attestation", params={"nonce": "cd" * 32})
+            assert reply.status_code == 503
+            assert reply.json()["error"]["code"] == "no_tee"
+
+
+class _BrokenTee:
+    """A TEE whose driver fails (a stand-in: no TEE exists here)."""
+
+    def collect(self, report_data: bytes, nonce: bytes) -> list[object]:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_failing_tee_and_a_gone_proxy_are_said_not_traced(tmp_path: Path) -> None:
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from harness.front import Attested, Front
+
+    key = tls_identity(tmp_path)
+    identity = ChannelIdentity("log+key", b"\x01" * 32, key.spki_sha256)
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: nothing answers there
+    gone = f"http://127.0.0.1:{dead.getsockname()[1]}"
+    try:
+        with (
+            Front("127.0.0.1", 0, key, Attested(Relay(gone), identity, _BrokenTee())) as front,
+            httpx.Client(verify=False, timeout=30) as client,
+        ):
+            reply = client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
+            assert reply.status_code == 503
+            assert reply.json()["error"]["code"] == "evidence_failed"
+            assert "Input/output error" in reply.json()["error"]["message"]
+            reply = client.post(f"{front.url}/s/x/v1/chat/completions", json={})
+            assert reply.status_code == 502
+            assert reply.json()["error"]["code"] == "upstream_unreachable"
+    finally:
+        dead.close()
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(ValueError, match="another TLS key"):
+        Front("127.0.0.1", 0, tls_identity(other), Attested(Relay(gone), identity, _BrokenTee()))
+
+
+def test_session_new_names_the_outside_address(
+    front: tuple[Home, str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from affidavit.cli import main
+
+    home, url, proxy_url = front
+    assert main(["session", "new", "--home", str(home.root), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["external_base_url"] == f"{url}/s/{doc['session']}"
+    assert doc["base_url"] == f"{proxy_url}/s/{doc['session']}"
+    assert main(["session", "new", "--home", str(home.root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    outside = next(line for line in lines if line.startswith("outside  "))
+    assert f"{url}/s/{lines[0]}" in outside and "affidavit connect" in outside
+
+
+def test_connect_refuses_an_appliance_with_no_tee(
+    front: tuple[Home, str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a user of a developer's ``up --external`` sees: refused, saying why, exit 1."""
+    from affidavit.cli import main
+    from tests.attestation.channel_double import write_published
+
+    _, url, _ = front
+    published = write_published(tmp_path, [bytes(48)])
+    code = main(
+        [
+            "connect",
+            url,
+            "--published",
+            str(published),
+            "--release-key",
+            str(tmp_path / "release.pub"),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "503: no_tee: this appliance runs in no TEE" in err
