@@ -110,10 +110,9 @@ release: $(BIN)/.installed system-deps ovmf
 release-dry-run: $(BIN)/.installed system-deps ovmf
 	$(BIN)/affidavit image release --dry-run --version $(or $(VERSION),0.0.0-dry-run)
 
+# Every bench (bench/summary.py runs each, then one table of every target and one JSON line).
 bench: $(BIN)/.installed system-deps  # PostgreSQL for log_append.py's second store
-	$(BIN)/python bench/log_append.py
-	$(BIN)/python bench/determinism_cost.py
-	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/summary.py
 
 # Every parser of outside bytes fuzzed for 100,000 inputs (docs/fuzzing.md): coverage-guided
 # with atheris, hypothesis where atheris does not install. Not part of `make test`, which runs

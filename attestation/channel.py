@@ -40,6 +40,7 @@ __all__ = [
     "Piece",
     "ReplyError",
     "answer",
+    "claimed_release",
     "parse_nonce",
     "parse_reply",
 ]
@@ -149,6 +150,19 @@ class EvidenceSource(Protocol):
         """Evidence carrying ``report_data`` (CPU) and ``nonce`` (GPU); ``NoEvidence`` when
         there is no TEE to ask."""
         ...
+
+
+def claimed_release() -> str | None:
+    """The release an appliance claims to be: its installed distribution's version (a
+    release's published file is ``measurements/<version>.json``), None when it runs from a
+    source tree with no metadata. Only a claim, which nothing signs: a client holds the
+    evidence to the published file it chose, whatever this says."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("affidavit")
+    except PackageNotFoundError:
+        return None
 
 
 def answer(

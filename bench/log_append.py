@@ -69,6 +69,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from target import Target
+
 from record.audit import verify_store
 from record.checkpoint import Signer
 from record.digest import Domain, digest
@@ -687,7 +689,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("all measured targets met (some not measured)")
     else:
         print("all targets met")
-    print(json.dumps({"figures": figures, "targets": targets, "met": met}, sort_keys=True))
+    summary = [
+        Target(name, figures.get(where, {}).get(what, {}).get(field), targets[name], "higher")
+        for name, (where, what, field) in TARGET_VALUES.items()
+    ]
+    doc = {"figures": figures, "targets": targets, "met": met}
+    print(json.dumps({**doc, "summary": [t.row() for t in summary]}, sort_keys=True))
     return 0
 
 

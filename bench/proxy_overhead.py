@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from target import Target
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages by path
@@ -428,7 +429,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"target {name}: {got:.3f} against {op} {targets[name]:.3f}: {'met' if ok else 'MISSED'}"
         )
     print("all targets met" if all(met.values()) else "NOT all targets met")
-    print(json.dumps({"figures": figures, "targets": targets, "met": met}, sort_keys=True))
+    summary = []
+    for name in targets:
+        key, _, field = name.partition("_c")
+        where = f"{key}_c{field.split('_', 1)[0]}"
+        what = field.split("_", 1)[1]
+        if what == "throughput_ratio":
+            summary.append(Target(name, figures[where][what], targets[name], "higher", "x"))
+        else:
+            summary.append(Target(name, figures[where][what], targets[name], "lower", " ms"))
+    doc = {"figures": figures, "targets": targets, "met": met}
+    print(json.dumps({**doc, "summary": [t.row() for t in summary]}, sort_keys=True))
     return 0
 
 

@@ -801,7 +801,7 @@ def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Sa
     """The external TLS port (``harness.front``): TLS with the key kept in ``layout.tls_dir``
     (made at first boot), ``/attestation`` answered from ``source`` bound to that key, every
     other request relayed to the proxy on loopback."""
-    from attestation.channel import ChannelIdentity
+    from attestation.channel import ChannelIdentity, claimed_release
     from attestation.relay import Relay
     from attestation.tls_identity import TlsIdentityError, tls_identity
     from harness.front import Attested, Front, NoTee
@@ -811,7 +811,7 @@ def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Sa
     except (TlsIdentityError, OSError) as exc:
         raise StartError(f"front: the TLS key: {exc}") from None
     identity = ChannelIdentity(keys.log_key, keys.sealing_raw, tls.spki_sha256)
-    app = Attested(Relay(layout.url(layout.proxy_port)), identity, source)
+    app = Attested(Relay(layout.url(layout.proxy_port)), identity, source, claimed_release())
     try:
         front = Front(layout.tls_host, layout.tls_port, tls, app).start()
     except (OSError, RuntimeError) as exc:

@@ -435,7 +435,7 @@ def _front(
     release: str | None,
 ) -> Front:
     """The external TLS listener, its key the home's (made here the first time)."""
-    from attestation.channel import ChannelIdentity
+    from attestation.channel import ChannelIdentity, claimed_release
     from attestation.relay import Relay
     from attestation.tls_identity import TlsIdentityError, tls_identity
     from harness.front import Attested, Front, NoTee
@@ -449,7 +449,8 @@ def _front(
         log.log_key(), appliance_key.recipient.public.public_bytes_raw(), tls.spki_sha256
     )
     try:
-        app = Attested(Relay(proxy_url), identity, evidence or NoTee(), release)
+        claimed = release or claimed_release()
+        app = Attested(Relay(proxy_url), identity, evidence or NoTee(), claimed)
         return Front(host, port, tls, app)
     except OSError as exc:
         raise ExternalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

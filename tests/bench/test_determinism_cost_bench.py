@@ -14,7 +14,18 @@ pytest.importorskip("torch", reason="the benchmark drives the engine: `engine` e
 
 def test_determinism_cost_quick_prints_one_table_and_a_json_line() -> None:
     lines, report = run_quick("determinism_cost.py")
-    assert set(report) == {"figures", "forward_thread", "run", "targets", "references", "met"}
+    assert set(report) == {
+        "figures",
+        "forward_thread",
+        "run",
+        "targets",
+        "references",
+        "met",
+        "summary",
+    }
+    assert [r["target"] for r in report["summary"]] == ["cost_at_16", "forward_thread"]
+    assert report["summary"][0]["figure"] == report["figures"]["16"]["cost"]
+    assert report["summary"][0]["met"] == report["met"]["cost_at_16"]
     assert set(report["figures"]) == {"1", "4", "16"}
     for batch, row in report["figures"].items():
         for mode in ("on", "off"):

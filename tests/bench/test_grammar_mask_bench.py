@@ -14,7 +14,8 @@ pytest.importorskip("llguidance", reason="the benchmark drives the grammar: `eng
 
 def test_grammar_mask_quick_prints_one_table_and_a_json_line() -> None:
     lines, report = run_quick("grammar_mask.py")
-    assert set(report) == {"figures", "targets", "met"}
+    assert set(report) == {"figures", "targets", "met", "summary"}
+    assert [r["target"] for r in report["summary"]] == list(report["targets"])
     figures = report["figures"]
     assert figures["tokens"] > 0 and figures["mask_ms"] > 0 and figures["decode_step_ms"] > 0
     assert figures["ratio_vs_decode_step"] > 0

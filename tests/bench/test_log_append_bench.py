@@ -43,7 +43,8 @@ def test_log_append_quick_prints_one_table_and_a_json_line(
     quick: tuple[list[str], dict[str, Any]],
 ) -> None:
     lines, figures = quick
-    assert set(figures) == {"figures", "targets", "met"}
+    assert set(figures) == {"figures", "targets", "met", "summary"}
+    assert {r["target"]: r["met"] for r in figures["summary"]} == figures["met"]
     for size in SIZES:
         measured = figures["figures"][size]
         for name in (*SQLITE_ROWS, "audit", "raw_sha256"):

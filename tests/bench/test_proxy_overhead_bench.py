@@ -11,7 +11,8 @@ from bench_run import run_quick
 
 def test_proxy_overhead_quick_prints_one_table_and_a_json_line() -> None:
     lines, figures = run_quick("proxy_overhead.py")
-    assert set(figures) == {"figures", "targets", "met"}
+    assert set(figures) == {"figures", "targets", "met", "summary"}
+    assert {r["target"]: r["met"] for r in figures["summary"]} == figures["met"]
     measured = figures["figures"]
     for mode in ("json", "stream"):
         for clients in (1, 32):

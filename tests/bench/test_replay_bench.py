@@ -34,7 +34,10 @@ def test_replay_quick_prints_two_tables_and_a_json_line() -> None:
         "stream_entries",
         "breakdown_ms",
         "run",
+        "summary",
     }
+    assert [r["target"] for r in report["summary"]] == ["reconstruct_10_step_ms"]
+    assert report["summary"][0]["met"] is None  # --quick runs no 10-step turn
     for name in PER_LENGTH:
         assert set(report[name]) == {"1", "2", "4"}, name
         assert all(isinstance(v, float) and v > 0 for v in report[name].values()), name

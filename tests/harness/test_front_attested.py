@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from importlib.metadata import version
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +73,8 @@ def test_a_pinned_turn_through_the_attested_channel(appliance: Attestable) -> No
     names = {c.name for c in checked.checks if c.ok}
     assert {"channel.nonce", "channel.tls_key", "channel.binding", "published.snp"} <= names
     # the evidence bound this appliance's keys: the record's log key, its TLS key
+    # the release it claims: its own version (unsigned: the published file decides)
+    assert checked.reply.release == version("affidavit")
     mine = home_identity(a.home, tls_identity(a.home.root))
     assert checked.reply.binding.log_key == mine.log_key
     assert checked.reply.binding.sealing_key == mine.sealing_public.hex()

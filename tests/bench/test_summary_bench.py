@@ -1,0 +1,62 @@
+"""``make bench``'s summary: every bench's targets gathered into one table and one JSON line.
+
+Run as ``make bench`` runs it, on two of the benches in their smoke runs (the others' own
+tests run them): each bench's rows arrive with its name, and a bench that does not run is
+listed, never silently left out. Figures are measurements, not assertions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from bench_run import ROOT
+
+pytest.importorskip("torch", reason="the benches drive the engine: `engine` extra")
+
+
+def _summary(*extra: str) -> tuple[list[str], dict[str, object]]:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "summary.py"), "--quick", *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    return lines, json.loads(lines[-1])
+
+
+def test_the_summary_lists_every_target_of_the_benches_it_ran() -> None:
+    lines, doc = _summary("--only", "determinism_cost,grammar_mask")
+    assert doc["benches"] == {"determinism_cost": 0, "grammar_mask": 0}
+    targets = [(row["bench"], row["target"]) for row in doc["targets"]]  # type: ignore[index]
+    assert targets == [
+        ("determinism_cost", "cost_at_16"),
+        ("determinism_cost", "forward_thread"),
+        ("grammar_mask", "mask_vs_decode_step"),
+    ]
+    assert set(doc["met"]) == {f"{b}.{t}" for b, t in targets}  # type: ignore[arg-type]
+    # each bench's own output came through, then one table with a row per target
+    assert "== bench/determinism_cost.py --quick" in lines
+    header = lines.index(next(line for line in lines if line.startswith("bench  ")))
+    assert [line.split()[1] for line in lines[header + 2 : header + 5]] == [
+        "cost_at_16",
+        "forward_thread",
+        "mask_vs_decode_step",
+    ]
+    assert lines[header + 5].endswith("(--quick: indicative only)")
+
+
+def test_an_unknown_bench_is_a_usage_error() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "summary.py"), "--only", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "unknown bench(es): nope" in done.stderr
