@@ -34,7 +34,7 @@ class Target:
         return {
             "target": self.name,
             "figure": None if self.figure is None else round(self.figure, 4),
-            "goal": f"{'<=' if self.better == 'lower' else '>='} {self.goal:g}{self.unit}",
+            "goal": f"{'<=' if self.better == 'lower' else '>='} {self.goal:.4g}{self.unit}",
             "unit": self.unit,
             "met": self.met,
         }

@@ -210,6 +210,7 @@ class Front:
                 log_level="warning",
                 access_log=False,
                 lifespan="on",
+                timeout_keep_alive=30,  # past clients' 5 s: they let go first (egress_proxy.server)
                 ssl_keyfile=str(tls.key_file),
                 ssl_certfile=str(tls.cert_file),
             )

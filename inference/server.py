@@ -516,7 +516,12 @@ def serve(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, token=token), log_level=log_level))
+    # idle connections kept longer than a client keeps them (the proxy's pool: 1 s; httpx: 5 s),
+    # so the client always lets go first and never sends on a connection being closed
+    config = uvicorn.Config(
+        create_app(engine, token=token), log_level=log_level, timeout_keep_alive=30
+    )
+    server = uvicorn.Server(config)
     engine.start()
     print(f"affidavit engine serving {engine.name!r} on http://{host}:{bound}", flush=True)
     try:

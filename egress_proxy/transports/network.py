@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     import httpx2
 
 
+#: Seconds an idle upstream connection is kept for reuse (see ``NetworkTransport._pool``).
+KEEPALIVE_EXPIRY_S = 1.0
+
+
 class NetworkTransport:
     """Dial upstreams over HTTP(S) with one connection pool, created on first use.
 
@@ -52,7 +56,12 @@ class NetworkTransport:
                 trust_env=False,
                 follow_redirects=False,
                 timeout=None,
-                limits=httpx.Limits(max_connections=self._max_connections),
+                # an idle connection is let go after 1 s, before any server closes it (uvicorn
+                # and Node: 5 s, gunicorn: 2 s), so no request goes out on a connection the
+                # upstream is closing: it would be recorded UNKNOWN, though never answered
+                limits=httpx.Limits(
+                    max_connections=self._max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S
+                ),
             )
         return self._client
 

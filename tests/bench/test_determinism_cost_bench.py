@@ -23,7 +23,8 @@ def test_determinism_cost_quick_prints_one_table_and_a_json_line() -> None:
         "met",
         "summary",
     }
-    assert [r["target"] for r in report["summary"]] == ["cost_at_16", "forward_thread"]
+    names = ["cost_at_16", "cost_at_4", "cost_at_1", "forward_thread"]
+    assert [r["target"] for r in report["summary"]] == names
     assert report["summary"][0]["figure"] == report["figures"]["16"]["cost"]
     assert report["summary"][0]["met"] == report["met"]["cost_at_16"]
     assert set(report["figures"]) == {"1", "4", "16"}
@@ -32,8 +33,13 @@ def test_determinism_cost_quick_prints_one_table_and_a_json_line() -> None:
             assert row[mode]["tokens_per_s"] > 0 and row[mode]["tpot_ms"] > 0, (batch, mode)
         assert row["cost"] > 0 and row["throughput_ratio"] > 0, batch
     assert report["references"] == {"vllm_h100": 1.45, "sglang": 1.34}
-    assert report["targets"] == {"cost_at_16": 1.1, "forward_thread": 1.1}
-    assert set(report["met"]) == {"cost_at_16", "forward_thread"}
+    assert report["targets"] == {
+        "cost_at_16": 1.1,
+        "cost_at_4": 1.05,
+        "cost_at_1": 1.5,
+        "forward_thread": 1.1,
+    }
+    assert set(report["met"]) == set(names)
     forward = report["forward_thread"]
     assert forward["batch"] == 16 and forward["scheduler_ms"] > 0 and forward["main_ms"] > 0
     assert any(

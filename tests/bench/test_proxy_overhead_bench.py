@@ -13,6 +13,10 @@ def test_proxy_overhead_quick_prints_one_table_and_a_json_line() -> None:
     lines, figures = run_quick("proxy_overhead.py")
     assert set(figures) == {"figures", "targets", "met", "summary"}
     assert {r["target"]: r["met"] for r in figures["summary"]} == figures["met"]
+    # no call died on either side (#20 line 6): each failure would be listed, by side
+    rows = {r["target"]: r for r in figures["summary"]}
+    assert rows["failed_calls"]["figure"] == 0 and rows["failed_calls"]["met"] is True
+    assert figures["figures"]["json_c32"]["proxy"]["failures"] == []
     measured = figures["figures"]
     for mode in ("json", "stream"):
         for clients in (1, 32):

@@ -35,6 +35,8 @@ def test_the_summary_lists_every_target_of_the_benches_it_ran() -> None:
     targets = [(row["bench"], row["target"]) for row in doc["targets"]]  # type: ignore[index]
     assert targets == [
         ("determinism_cost", "cost_at_16"),
+        ("determinism_cost", "cost_at_4"),
+        ("determinism_cost", "cost_at_1"),
         ("determinism_cost", "forward_thread"),
         ("grammar_mask", "mask_vs_decode_step"),
     ]
@@ -42,12 +44,14 @@ def test_the_summary_lists_every_target_of_the_benches_it_ran() -> None:
     # each bench's own output came through, then one table with a row per target
     assert "== bench/determinism_cost.py --quick" in lines
     header = lines.index(next(line for line in lines if line.startswith("bench  ")))
-    assert [line.split()[1] for line in lines[header + 2 : header + 5]] == [
+    assert [line.split()[1] for line in lines[header + 2 : header + 7]] == [
         "cost_at_16",
+        "cost_at_4",
+        "cost_at_1",
         "forward_thread",
         "mask_vs_decode_step",
     ]
-    assert lines[header + 5].endswith("(--quick: indicative only)")
+    assert lines[header + 7].endswith("(--quick: indicative only)")
 
 
 def test_an_unknown_bench_is_a_usage_error() -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from importlib.metadata import version
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import openai
