@@ -70,21 +70,32 @@ def _not_attested_cause(exc: BaseException) -> ssl.SSLCertVerificationError | No
     return None
 
 
+def _within(path: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``path`` (decoded) is under one of ``prefixes``, with no ``.`` or ``..``
+    segment that would take it elsewhere once a client or server resolves it."""
+    segments = path.split("/")
+    return path.startswith(prefixes) and "." not in segments and ".." not in segments
+
+
 class Relay:
     """The ASGI app: every request to ``upstream`` through ``client`` (made at start-up when
     none is given: a plain one, no proxy from the environment, no read timeout, since a
     model may think for minutes between two chunks), every response streamed back.
-    ``say`` hears each failure (``connect --listen`` prints it)."""
+    ``only``: the path prefixes relayed (the appliance's front: the sessions' routes, ``/s/``,
+    never the proxy's ``/metrics``, which would tell outsiders about every session); any other
+    path is 404 ``not_found``. ``say`` hears each failure (``connect --listen`` prints it)."""
 
     def __init__(
         self,
         upstream: str,
         client: httpx2.AsyncClient | None = None,
         *,
+        only: tuple[str, ...] | None = None,
         say: Callable[[str], None] | None = None,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.client = client
+        self.only = only
         self.say = say or (lambda _: None)
 
     async def _error(self, send: Send, status: int, code: str, message: str) -> None:
@@ -111,6 +122,9 @@ class Relay:
         if scope["type"] != "http":
             return
         assert self.client is not None, "the relay serves only after its lifespan started"
+        if self.only is not None and not _within(scope["path"], self.only):
+            await self._error(send, 404, "not_found", f"{scope['path']} is not served here")
+            return
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         target = self.upstream + path.decode("latin-1") + ("?" + query.decode() if query else "")

@@ -804,14 +804,15 @@ def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Sa
     from attestation.channel import ChannelIdentity, claimed_release
     from attestation.relay import Relay
     from attestation.tls_identity import TlsIdentityError, tls_identity
-    from harness.front import Attested, Front, NoTee
+    from harness.front import SESSION_ROUTES, Attested, Front, NoTee
 
     try:
         tls = tls_identity(layout.tls_dir)
     except (TlsIdentityError, OSError) as exc:
         raise StartError(f"front: the TLS key: {exc}") from None
     identity = ChannelIdentity(keys.log_key, keys.sealing_raw, tls.spki_sha256)
-    app = Attested(Relay(layout.url(layout.proxy_port)), identity, source, claimed_release())
+    relay = Relay(layout.url(layout.proxy_port), only=SESSION_ROUTES)
+    app = Attested(relay, identity, source, claimed_release())
     try:
         front = Front(layout.tls_host, layout.tls_port, tls, app).start()
     except (OSError, RuntimeError) as exc:

@@ -35,7 +35,11 @@ from attestation.channel import ChannelIdentity, EvidenceSource, NoEvidence, ans
 from attestation.tls_identity import TlsIdentity
 from harness.state import Home, HomeMissing
 
-__all__ = ["Attested", "Front", "NoTee", "home_identity"]
+__all__ = ["SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
+
+#: What the front relays to the proxy: the sessions' routes (``/s/{session}/…``: the model
+#: APIs, MCP, fetch), never the proxy's other routes (``/metrics`` counts every session's calls).
+SESSION_ROUTES = ("/s/",)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -438,7 +438,7 @@ def _front(
     from attestation.channel import ChannelIdentity, claimed_release
     from attestation.relay import Relay
     from attestation.tls_identity import TlsIdentityError, tls_identity
-    from harness.front import Attested, Front, NoTee
+    from harness.front import SESSION_ROUTES, Attested, Front, NoTee
 
     host, port = external
     try:
@@ -450,7 +450,8 @@ def _front(
     )
     try:
         claimed = release or claimed_release()
-        app = Attested(Relay(proxy_url), identity, evidence or NoTee(), claimed)
+        relay = Relay(proxy_url, only=SESSION_ROUTES)
+        app = Attested(relay, identity, evidence or NoTee(), claimed)
         return Front(host, port, tls, app)
     except OSError as exc:
         raise ExternalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None

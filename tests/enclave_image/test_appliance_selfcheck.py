@@ -19,6 +19,7 @@ import ssl
 import stat
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -285,8 +286,18 @@ def test_its_own_snp_evidence_checks_out_and_the_front_serves_fresh_evidence(
         )
         assert verdict.accepted, [c.line() for c in verdict.failed]
         assert verdict.facts["report_data"] == identity.report_data(ask).hex()
-        # every other request goes to the proxy on loopback
-        with urllib.request.urlopen(f"{front.url}/metrics", context=context, timeout=30) as got:
-            assert got.status == 200
+
+        # the sessions' routes go to the proxy on loopback; its /metrics stays inside
+        def status(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(front.url + path, context=context, timeout=30) as got:
+                    return got.status, got.read().decode()
+            except urllib.error.HTTPError as exc:
+                return exc.code, exc.read().decode()
+
+        code, said = status("/metrics")
+        assert code == 404 and "is not served here" in said
+        code, said = status("/s/no-such-session/v1/models")
+        assert code in (401, 404) and "is not served here" not in said  # the proxy's answer
     finally:
         front.stop()

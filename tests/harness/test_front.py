@@ -300,3 +300,15 @@ def test_connect_refuses_an_appliance_with_no_tee(
     err = capsys.readouterr().err
     assert code == 1
     assert "503: no_tee: this appliance runs in no TEE" in err
+
+
+def test_the_front_relays_only_the_sessions_routes(front: tuple[Home, str, str]) -> None:
+    """The proxy's ``/metrics`` (every session's counts) stays inside: only ``/s/…`` passes,
+    and no ``..`` segment takes a path out of it."""
+    _, url, proxy_url = front
+    with httpx.Client(verify=False, timeout=30) as client:
+        assert httpx.get(f"{proxy_url}/metrics").status_code == 200  # there, on loopback
+        for path in ("/metrics", "/", "/s/../metrics", "/s/%2e%2e/metrics", "/s/./x/../../metrics"):
+            reply = client.get(url + path)
+            assert reply.status_code == 404, path
+            assert reply.json()["error"]["code"] == "not_found", path
