@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx2
 
-__all__ = ["HOP_BY_HOP", "Relay", "forwardable"]
+__all__ = ["HOP_BY_HOP", "Relay", "error_reply", "forwardable"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -70,6 +70,14 @@ def _not_attested_cause(exc: BaseException) -> ssl.SSLCertVerificationError | No
     return None
 
 
+async def error_reply(send: Send, status: int, code: str, message: str) -> None:
+    """The channel's error answer: ``{"error": {"code", "message"}}``, the proxy's shape."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _within(path: str, prefixes: tuple[str, ...]) -> bool:
     """Whether ``path`` (decoded) is under one of ``prefixes``, with no ``.`` or ``..``
     segment that would take it elsewhere once a client or server resolves it."""
@@ -98,12 +106,6 @@ class Relay:
         self.only = only
         self.say = say or (lambda _: None)
 
-    async def _error(self, send: Send, status: int, code: str, message: str) -> None:
-        body = json.dumps({"error": {"code": code, "message": message}}).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
@@ -123,7 +125,7 @@ class Relay:
             return
         assert self.client is not None, "the relay serves only after its lifespan started"
         if self.only is not None and not _within(scope["path"], self.only):
-            await self._error(send, 404, "not_found", f"{scope['path']} is not served here")
+            await error_reply(send, 404, "not_found", f"{scope['path']} is not served here")
             return
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
@@ -151,14 +153,14 @@ class Relay:
             refused = _not_attested_cause(exc)
             if refused is not None:
                 self.say(f"not attested: {self.upstream}: {refused}")
-                await self._error(
+                await error_reply(
                     send,
                     502,
                     "not_attested",
                     f"the upstream presented a TLS key other than the attested one ({refused})",
                 )
             else:
-                await self._error(send, 502, "upstream_unreachable", f"{self.upstream}: {exc}")
+                await error_reply(send, 502, "upstream_unreachable", f"{self.upstream}: {exc}")
             return
         try:
             await send(

@@ -18,12 +18,10 @@ Raw ASGI rather than a framework app: one route of its own in front of the relay
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs
@@ -32,6 +30,7 @@ import anyio
 import uvicorn
 
 from attestation.channel import ChannelIdentity, EvidenceSource, NoEvidence, answer, parse_nonce
+from attestation.relay import error_reply
 from attestation.tls_identity import TlsIdentity
 from harness.state import Home, HomeMissing
 
@@ -89,16 +88,6 @@ def home_identity(home: Home, tls: TlsIdentity) -> ChannelIdentity:
     return ChannelIdentity(log_key, sealing, tls.spki_sha256)
 
 
-@dataclass(frozen=True)
-class _Error:
-    status: int
-    code: str
-    message: str
-
-    def body(self) -> bytes:
-        return json.dumps({"error": {"code": self.code, "message": self.message}}).encode()
-
-
 class Attested:
     """An ASGI app behind the attested key: ``/attestation`` answered here, every other
     request handed to ``inner`` (the relay to the proxy, or the panel's own app)."""
@@ -126,13 +115,13 @@ class Attested:
 
     async def _attestation(self, scope: Scope, send: Send) -> None:
         if scope["method"] != "GET":
-            await _respond(send, _Error(405, "method_not_allowed", "GET /attestation?nonce=HEX"))
+            await error_reply(send, 405, "method_not_allowed", "GET /attestation?nonce=HEX")
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         try:
             nonce = parse_nonce((query.get("nonce") or [""])[0])
         except ValueError as exc:
-            await _respond(send, _Error(400, "bad_nonce", str(exc)))
+            await error_reply(send, 400, "bad_nonce", str(exc))
             return
         if self._one_at_a_time is None:  # made on the server's loop
             self._one_at_a_time = anyio.CapacityLimiter(1)
@@ -146,11 +135,11 @@ class Attested:
                 limiter=self._one_at_a_time,
             )
         except NoEvidence as exc:
-            await _respond(send, _Error(503, "no_tee", str(exc)))
+            await error_reply(send, 503, "no_tee", str(exc))
             return
         except Exception as exc:  # the TEE's driver failed: said, never a 500 with a trace
             message = f"the TEE gave no evidence: {type(exc).__name__}: {exc}"
-            await _respond(send, _Error(503, "evidence_failed", message))
+            await error_reply(send, 503, "evidence_failed", message)
             return
         body = reply.model_dump_json().encode()
         await send(
@@ -165,21 +154,6 @@ class Attested:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-async def _respond(send: Send, error: _Error) -> None:
-    body = error.body()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": error.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 class Front:
