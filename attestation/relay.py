@@ -88,10 +88,14 @@ def _within(path: str, prefixes: tuple[str, ...]) -> bool:
 class Relay:
     """The ASGI app: every request to ``upstream`` through ``client`` (made at start-up when
     none is given: a plain one, no proxy from the environment, no read timeout, since a
-    model may think for minutes between two chunks), every response streamed back.
+    model may think for minutes between two chunks, or at the first request behind another
+    app), every response streamed back.
     ``only``: the path prefixes relayed (the appliance's front: the sessions' routes, ``/s/``,
     never the proxy's ``/metrics``, which would tell outsiders about every session); any other
-    path is 404 ``not_found``. ``say`` hears each failure (``connect --listen`` prints it)."""
+    path is 404 ``not_found``. ``say`` hears each failure (``connect --listen`` prints it).
+    ``forwarded``: the upstream is a web app behind this one (the appliance's panel): it gets
+    the client's ``Host`` and ``X-Forwarded-Proto``/``-For`` (any the client sent dropped),
+    so the links, cookies and same-origin checks it makes are the ones the browser sees."""
 
     def __init__(
         self,
@@ -100,21 +104,44 @@ class Relay:
         *,
         only: tuple[str, ...] | None = None,
         say: Callable[[str], None] | None = None,
+        forwarded: bool = False,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.client = client
         self.only = only
         self.say = say or (lambda _: None)
+        self.forwarded = forwarded
+
+    def _client(self) -> httpx2.AsyncClient:
+        """The client, made on the server's loop at start-up, or at the first request when
+        the relay runs behind another app that keeps the lifespan to itself."""
+        if self.client is None:
+            self.client = httpx2.AsyncClient(
+                timeout=httpx2.Timeout(None, connect=30.0), trust_env=False
+            )
+        return self.client
+
+    def _headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        headers = forwardable(list(scope["headers"]))
+        if not self.forwarded:
+            return headers
+        mine = {b"x-forwarded-for", b"x-forwarded-proto", b"x-forwarded-host", b"forwarded"}
+        kept = [(name, value) for name, value in headers if name.lower() not in mine]
+        host = [(name, value) for name, value in scope["headers"] if name.lower() == b"host"]
+        client = scope.get("client")
+        return [
+            *host[:1],
+            *kept,
+            (b"x-forwarded-proto", scope.get("scheme", "http").encode()),
+            *([(b"x-forwarded-for", client[0].encode())] if client else []),
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    if self.client is None:
-                        self.client = httpx2.AsyncClient(
-                            timeout=httpx2.Timeout(None, connect=30.0), trust_env=False
-                        )
+                    self._client()
                     await send({"type": "lifespan.startup.complete"})
                 elif message["type"] == "lifespan.shutdown":
                     if self.client is not None:
@@ -123,7 +150,7 @@ class Relay:
                     return
         if scope["type"] != "http":
             return
-        assert self.client is not None, "the relay serves only after its lifespan started"
+        client = self._client()
         if self.only is not None and not _within(scope["path"], self.only):
             await error_reply(send, 404, "not_found", f"{scope['path']} is not served here")
             return
@@ -140,15 +167,15 @@ class Relay:
                 if not message.get("more_body", False):
                     return
 
-        request = self.client.build_request(
+        request = client.build_request(
             scope["method"],
             target,
-            headers=forwardable(list(scope["headers"])),
+            headers=self._headers(scope),
             content=body(),
             timeout=httpx2.Timeout(None, connect=30.0),
         )
         try:
-            response = await self.client.send(request, stream=True)
+            response = await client.send(request, stream=True)
         except httpx2.TransportError as exc:
             refused = _not_attested_cause(exc)
             if refused is not None:

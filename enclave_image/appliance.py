@@ -489,6 +489,8 @@ def services(layout: GuestLayout, tee_type: str = "none") -> dict[str, Service]:
     """The three services (and the divergence job), as the supervisor runs them. ``tee_type``:
     what the self-check showed (``sev-snp``, ``tdx``, or ``none``), which the engine puts in
     every reproducibility block (``AFFIDAVIT_TEE_TYPE``)."""
+    from harness.panel.prefix import PANEL_ROOT
+
     cli = [layout.python, "-m", "affidavit"]
     p, e, h = layout.proxy_uid, layout.engine_uid, layout.harness_uid
     home = ["--home", str(layout.home_dir)]
@@ -512,7 +514,8 @@ def services(layout: GuestLayout, tee_type: str = "none") -> dict[str, Service]:
         ),
         "harness": _service(
             layout, "harness", h, h,
-            [*cli, "panel", *home, "--port", str(layout.harness_port)],
+            [*cli, "panel", *home, "--port", str(layout.harness_port), "--root-path",
+             PANEL_ROOT],
             0o077,
         ),
         "diverge": _service(layout, "diverge", h, h, [*cli, "diverge", *home], 0o077),
@@ -799,12 +802,13 @@ def self_check(
 
 def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Say) -> Front:
     """The external TLS port (``harness.front``): TLS with the key kept in ``layout.tls_dir``
-    (made at first boot), ``/attestation`` answered from ``source`` bound to that key, every
-    other request relayed to the proxy on loopback."""
+    (made at first boot), ``/attestation`` answered from ``source`` bound to that key,
+    ``/panel/…`` relayed to the panel's own process on loopback (which serves under that
+    root, as its own uid), every other request to the proxy on loopback."""
     from attestation.channel import ChannelIdentity, claimed_release
     from attestation.relay import Relay
     from attestation.tls_identity import TlsIdentityError, tls_identity
-    from harness.front import SESSION_ROUTES, Attested, Front, NoTee
+    from harness.front import PANEL_ROOT, SESSION_ROUTES, Attested, Front, NoTee
 
     try:
         tls = tls_identity(layout.tls_dir)
@@ -812,7 +816,8 @@ def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Sa
         raise StartError(f"front: the TLS key: {exc}") from None
     identity = ChannelIdentity(keys.log_key, keys.sealing_raw, tls.spki_sha256)
     relay = Relay(layout.url(layout.proxy_port), only=SESSION_ROUTES)
-    app = Attested(relay, identity, source, claimed_release())
+    panel = Relay(layout.url(layout.harness_port), only=(PANEL_ROOT,), forwarded=True)
+    app = Attested(relay, identity, source, claimed_release(), panel=panel)
     try:
         front = Front(layout.tls_host, layout.tls_port, tls, app).start()
     except (OSError, RuntimeError) as exc:
@@ -822,7 +827,8 @@ def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Sa
     answers = "503 no_tee (no TEE)" if isinstance(source, NoTee) else "fresh evidence"
     say(
         f"front: {front.url}: TLS key spki sha256={tls.spki_sha256.hex()}; /attestation"
-        f" answers {answers}; every other request goes to the proxy"
+        f" answers {answers}; {PANEL_ROOT}/ goes to the panel (its URL with the token:"
+        " the harness's line), every other request to the proxy"
     )
     return front
 
@@ -875,7 +881,7 @@ def run_appliance(
         wait_for("proxy", layout.url(layout.proxy_port) + "/metrics", layout.start_timeout, stop)
         say("health: proxy answers /metrics")
         from enclave_image.appliance_channel import GuestEvidence
-        from harness.front import NoTee
+        from harness.front import PANEL_ROOT, NoTee
 
         chain = keep_evidence(layout, keys, evidence, say) if evidence is not None else b""
         checked = self_check(layout, options, keys, nonce, evidence, chain, say)
@@ -903,7 +909,7 @@ def run_appliance(
         )
         wait_for(
             "harness",
-            layout.url(layout.harness_port) + "/",
+            layout.url(layout.harness_port) + PANEL_ROOT + "/",
             layout.start_timeout,
             stop,
             any_status=True,

@@ -9,8 +9,9 @@ and streamed both ways, to the proxy on loopback. So a client that checked the e
 pinned the key (``attestation.channel_client``, ``affidavit connect``) knows that the
 process it sends its prompt to holds the key the evidence vouches for.
 
-The panel, served by ``affidavit panel --tls``, sits behind the same key and answers the
-same ``/attestation``, so one pinned key covers both.
+The panel is served at the same address under ``/panel`` (its own pages use ``/s/…`` too,
+which here is the data plane's), so one pinned key covers both; ``affidavit panel --tls``
+serves it alone with the same key and the same ``/attestation``.
 
 Raw ASGI rather than a framework app: one route of its own in front of the relay
 (``attestation.relay``), which streams both bodies unchanged.
@@ -32,9 +33,10 @@ import uvicorn
 from attestation.channel import ChannelIdentity, EvidenceSource, NoEvidence, answer, parse_nonce
 from attestation.relay import error_reply
 from attestation.tls_identity import TlsIdentity
+from harness.panel.prefix import PANEL_ROOT
 from harness.state import Home, HomeMissing
 
-__all__ = ["SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
+__all__ = ["PANEL_ROOT", "SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
 
 #: What the front relays to the proxy: the sessions' routes (``/s/{session}/…``: the model
 #: APIs, MCP, fetch), never the proxy's other routes (``/metrics`` counts every session's calls).
@@ -89,8 +91,10 @@ def home_identity(home: Home, tls: TlsIdentity) -> ChannelIdentity:
 
 
 class Attested:
-    """An ASGI app behind the attested key: ``/attestation`` answered here, every other
-    request handed to ``inner`` (the relay to the proxy, or the panel's own app)."""
+    """An ASGI app behind the attested key: ``/attestation`` answered here, ``/panel/…``
+    handed to ``panel`` (the panel under that root: in this process, or a relay to the
+    panel's own process), every other request to ``inner`` (the relay to the proxy, or the
+    panel itself when it is served alone). The lifespan is ``inner``'s."""
 
     def __init__(
         self,
@@ -98,11 +102,14 @@ class Attested:
         identity: ChannelIdentity,
         source: EvidenceSource,
         release: str | None = None,
+        *,
+        panel: Any = None,
     ) -> None:
         self.inner = inner
         self.identity = identity
         self.source = source
         self.release = release
+        self.panel = panel
         # one report at a time: the TEE's interface serialises them anyway, and a flood of
         # /attestation requests then waits here instead of filling the thread pool
         self._one_at_a_time: anyio.CapacityLimiter | None = None
@@ -110,6 +117,8 @@ class Attested:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/attestation":
             await self._attestation(scope, send)
+        elif self.panel is not None and _under(scope, PANEL_ROOT):
+            await self.panel(scope, receive, send)
         else:
             await self.inner(scope, receive, send)
 
@@ -154,6 +163,13 @@ class Attested:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def _under(scope: Scope, root: str) -> bool:
+    if scope["type"] not in ("http", "websocket"):
+        return False
+    path: str = scope["path"]
+    return path == root or path.startswith(root + "/")
 
 
 class Front:

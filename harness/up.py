@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from harness.panel.prefix import PANEL_ROOT
 from harness.state import Appliance, Home, HomeInUse, HomeLock, write_atomic
 from record.backends import StoreLocation, is_url, location, store_name
 from record.cli import SIGNING_KEY_FILE, STORE_FILE, home_store
@@ -285,6 +286,7 @@ class RunningAppliance:
     proxy: Any  # egress_proxy.server.ProxyServer
     log: Any  # record.log.Log
     front: Front | None = None  # the external TLS address, when asked for
+    panel_url: str | None = None  # the panel there, with its access token (never written down)
 
 
 @contextmanager
@@ -413,16 +415,18 @@ def running_appliance(
             },
             pid=os.getpid(),
         )
-        front = None
+        front = panel_url = None
         if external is not None:
-            front = stack.enter_context(
-                _front(home, external, log, appliance_key, proxy.url, evidence, release)
+            front, panel_token = _front(
+                home, external, log, appliance_key, proxy.url, evidence, release
             )
+            stack.enter_context(front)
             say(f"serving {front.url} over TLS (key sha256:{front.tls.spki_sha256.hex()})")
             appliance = appliance.model_copy(update={"external_url": front.url})
+            panel_url = f"{front.url}{PANEL_ROOT}/?token={panel_token}"
         home.write_appliance(appliance)
         stack.callback(_remove_if_ours, home.appliance_file, home.appliance_file.read_bytes())
-        yield RunningAppliance(home, appliance, running, proxy, log, front)
+        yield RunningAppliance(home, appliance, running, proxy, log, front, panel_url)
 
 
 def _front(
@@ -433,12 +437,17 @@ def _front(
     proxy_url: str,
     evidence: EvidenceSource | None,
     release: str | None,
-) -> Front:
-    """The external TLS listener, its key the home's (made here the first time)."""
+) -> tuple[Front, str]:
+    """The external TLS listener, its key the home's (made here the first time): the data
+    plane relayed to the proxy, and the panel under ``/panel``, in this process (with its
+    access token)."""
     from attestation.channel import ChannelIdentity, claimed_release
     from attestation.relay import Relay
     from attestation.tls_identity import TlsIdentityError, tls_identity
     from harness.front import SESSION_ROUTES, Attested, Front, NoTee
+    from harness.panel.app import create_app
+    from harness.panel.prefix import Prefixed
+    from harness.panel.source import ApplianceSource
 
     host, port = external
     try:
@@ -451,8 +460,11 @@ def _front(
     try:
         claimed = release or claimed_release()
         relay = Relay(proxy_url, only=SESSION_ROUTES)
-        app = Attested(relay, identity, evidence or NoTee(), claimed)
-        return Front(host, port, tls, app)
+        panel = create_app(ApplianceSource(home, None), root=PANEL_ROOT)
+        app = Attested(
+            relay, identity, evidence or NoTee(), claimed, panel=Prefixed(panel, PANEL_ROOT)
+        )
+        return Front(host, port, tls, app), panel.state.token
     except OSError as exc:
         raise ExternalError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -603,6 +615,7 @@ def serve_forever(home: Home, **options: Any) -> int:
                     f"{a.external_url} --published FILE)",
                     flush=True,
                 )
+                print(f"panel there: {up.panel_url}", flush=True)
             print(
                 f"record {store_name(a.store)}; state in {home.root}. Ctrl-C stops it.",
                 flush=True,

@@ -135,8 +135,13 @@ def export_tar(source: Source, stream: str) -> bytes:
 REDACTED_NO_JOBS = "this panel shows the record redacted (--redact): replay and verify are off"
 
 
-def create_app(source: Source, *, token: str | None = None) -> FastAPI:
-    """The panel over ``source``; ``app.state.token`` is the access token."""
+def create_app(source: Source, *, token: str | None = None, root: str = "") -> FastAPI:
+    """The panel over ``source``; ``app.state.token`` is the access token. ``root``: the
+    path the panel is served under (``/panel`` behind the appliance's front, where ``/s/…``
+    is the data plane's), which every link and redirect starts with; see
+    :class:`harness.panel.prefix.Prefixed`, which routes it."""
+    if root and (not root.startswith("/") or root.endswith("/")):
+        raise ValueError(f"the panel's root path {root!r} must start with / and not end with /")
     token = token or secrets.token_urlsafe(32)
     # one cookie name per panel (cookies ignore the port); its value is a browser session's
     cookie = "affidavit_panel_" + secrets.token_hex(6)
@@ -149,6 +154,7 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
     jobs = Jobs()
     app.state.jobs = jobs
     env = _environment()
+    env.globals["root"] = root
 
     def page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("refresh", False)
@@ -174,7 +180,7 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             browsers.open(),
             httponly=True,
             samesite="strict",
-            path="/",
+            path=root or "/",
             secure=request.url.scheme == "https",
         )
         return response
@@ -323,7 +329,7 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             )
         query = {k: v for k, v in request.query_params.items() if k in ("replay", "verify")}
         query[kind] = job.id
-        return RedirectResponse(f"/s/{stream}/t/{turn}?{urlencode(query)}", status_code=303)
+        return RedirectResponse(f"{root}/s/{stream}/t/{turn}?{urlencode(query)}", status_code=303)
 
     @app.post("/s/{stream}/t/{turn}/replay")
     def replay(stream: str, turn: int, request: Request) -> Response:
@@ -380,7 +386,7 @@ def create_app(source: Source, *, token: str | None = None) -> FastAPI:
             job = jobs.start("verify", stream, CALLS, lambda j: run_calls_verify(j, source, opened))
         query = {k: v for k, v in request.query_params.items() if k in ("replay", "verify")}
         query[kind] = job.id
-        return RedirectResponse(f"/s/{stream}/calls?{urlencode(query)}", status_code=303)
+        return RedirectResponse(f"{root}/s/{stream}/calls?{urlencode(query)}", status_code=303)
 
     @app.post("/s/{stream}/calls/replay")
     def calls_replay(stream: str, request: Request) -> Response:

@@ -79,6 +79,14 @@ def register(app: typer.Typer) -> None:
                 "answering /attestation; check it with `affidavit connect`",
             ),
         ] = False,
+        root_path: Annotated[
+            str,
+            typer.Option(
+                "--root-path",
+                metavar="PATH",
+                help="serve the panel under PATH (the appliance's front relays /panel here)",
+            ),
+        ] = "",
     ) -> None:
         """Serve the reproducibility panel (sessions, turns, replay, verify, export)."""
         from harness.state import Home, HomeMissing
@@ -87,6 +95,12 @@ def register(app: typer.Typer) -> None:
 
         if bundle is not None and key is None:
             raise typer.BadParameter("--bundle needs --key FILE (your key)", param_hint="--key")
+        if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
+            raise typer.BadParameter(
+                f"{root_path!r}: a path that starts with / and does not end with one, such as "
+                "/panel",
+                param_hint="--root-path",
+            )
         if bundle is not None and tls:
             raise typer.BadParameter(
                 "a bundle is read on your own machine: no appliance to attest", param_hint="--tls"
@@ -141,4 +155,4 @@ def register(app: typer.Typer) -> None:
                     flush=True,
                 )
 
-        serve_forever(source, host, port, ready=ready, tls=attested)
+        serve_forever(source, host, port, ready=ready, tls=attested, root=root_path)

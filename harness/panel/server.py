@@ -29,9 +29,10 @@ LOOPBACK = "127.0.0.1"
 @dataclass
 class RunningPanel:
     url: str  # with the token: what a browser opens first
-    base: str  # without it
+    base: str  # the server, without the token or the root path
     token: str
     app: Any
+    root: str = ""  # the path the panel is served under ("": the server's root)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -69,12 +70,13 @@ def serve_forever(
     *,
     ready: Callable[[RunningPanel], None],
     tls: Attestable | None = None,
+    root: str = "",
 ) -> None:
     """Serve until SIGINT or SIGTERM; ``ready`` gets the URL once the panel answers."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    with running_panel(source, host, port, tls=tls) as panel:
+    with running_panel(source, host, port, tls=tls, root=root) as panel:
         ready(panel)
         stop.wait()
 
@@ -87,14 +89,18 @@ def running_panel(
     *,
     token: str | None = None,
     tls: Attestable | None = None,
+    root: str = "",
 ) -> Iterator[RunningPanel]:
     """The panel served in a thread until the block ends; with ``tls``, over TLS with the
-    appliance's attested key, answering ``/attestation`` as the data plane's front does."""
+    appliance's attested key, answering ``/attestation`` as the data plane's front does.
+    ``root``: serve it under that path (``/panel``: behind the appliance's front, which
+    relays that path here)."""
     from harness.panel.app import create_app
+    from harness.panel.prefix import Prefixed
 
-    app = create_app(source, token=token)
+    app = create_app(source, token=token, root=root)
     sock = bind(host, port)
-    served: Any = app
+    served: Any = Prefixed(app, root) if root else app
     if tls is not None:
         from harness.front import Attested, NoTee
 
@@ -108,7 +114,8 @@ def running_panel(
             if not thread.is_alive():
                 raise RuntimeError("the panel did not start")
             time.sleep(0.01)
-        yield RunningPanel(f"{base}/?token={app.state.token}", base, app.state.token, app)
+        url = f"{base}{root}/?token={app.state.token}"
+        yield RunningPanel(url, base, app.state.token, app, root)
     finally:
         server.should_exit = True
         thread.join(30)

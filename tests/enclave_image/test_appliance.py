@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
 from cryptography.hazmat.primitives.serialization import Encoding
 
@@ -344,6 +345,26 @@ def kds() -> Iterator[StandInKds]:
         yield stand_in
 
 
+def _panel_through_the_front(front: str, said: list[str]) -> None:
+    printed = next(x for x in said if x.startswith("[harness] affidavit panel: "))
+    token = printed.rsplit("?token=", 1)[1]
+    assert "/panel/?token=" in printed  # served under the root the front relays
+    with httpx.Client(verify=False, timeout=30) as client:
+        assert client.get(f"{front}/panel/").status_code == 401
+        signed = client.get(f"{front}/panel/?token={token}")
+        assert signed.status_code == 303 and signed.headers["location"] == "/panel/"
+        assert "Secure" in signed.headers["set-cookie"]
+        assert "Path=/panel;" in signed.headers["set-cookie"]
+        page = client.get(f"{front}/panel/")
+        assert page.status_code == 200 and 'href="/panel/static/panel.css"' in page.text
+        target = f"{front}/panel/s/no-such-stream/calls/verify"
+        assert client.post(target, headers={"origin": "https://elsewhere"}).status_code == 403
+        own = client.post(target, headers={"origin": front})
+        assert own.status_code == 404  # past the guard: the panel looked for the stream
+        # the data plane is still the proxy's at the same address
+        assert client.get(f"{front}/metrics").status_code == 404
+
+
 def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInKds) -> None:
     from attestation.binding import binding_digest
     from enclave_image.build import model_tree
@@ -415,6 +436,10 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
                 f"https://127.0.0.1:{tls}/attestation?nonce={'00' * 32}", context=context
             )
         assert no_tee.value.code == 503 and b'"no_tee"' in no_tee.value.read()
+        # The panel, in its own process under /panel, reached through the same TLS port: it
+        # sees the browser's https origin (the front forwards Host and the scheme), so its
+        # cookie is Secure and its own POSTs pass the cross-site guard.
+        _panel_through_the_front(f"https://127.0.0.1:{tls}", said)
         # What an SNP guest does with its report (the TEE is the test chain's double): the
         # report must carry this appliance's binding, then the record keeps it.
         # With it, the host's certificate table (configfs-tsm's auxblob): the chain is kept
