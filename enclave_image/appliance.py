@@ -145,6 +145,7 @@ class GuestLayout:
     model_dir: Path = Path("/opt/model")  # the model disk, mounted by /init
     input_devices: Path = Path("/proc/bus/input/devices")
     cpuinfo: Path = Path("/proc/cpuinfo")  # the product, for a report that names none
+    pci_devices: Path = Path("/sys/bus/pci/devices")  # a GPU passed through, said at boot
     python: str = "python3.11"
     nft: str = "/usr/sbin/nft"
     cryptsetup: str = "/sbin/cryptsetup"
@@ -797,7 +798,34 @@ def self_check(
         )
     else:
         say(f"selfcheck: FAILED: {checked.reason}: pinned sessions are refused")
+    gpus = nvidia_devices(layout.pci_devices)
+    if gpus:
+        say(
+            f"selfcheck: not checked here: gpu: NVIDIA device {', '.join(gpus)} is present, but"
+            " this image has no NVIDIA driver: it is neither used nor attested (docs/deploy.md)"
+        )
     return checked
+
+
+#: NVIDIA's PCI vendor id.
+NVIDIA_VENDOR = "0x10de"
+
+
+def nvidia_devices(pci_devices: Path) -> list[str]:
+    """The PCI addresses of NVIDIA devices passed through to this guest (sysfs), sorted."""
+    try:
+        devices = sorted(pci_devices.iterdir())
+    except OSError:
+        return []
+    found = []
+    for device in devices:
+        try:
+            vendor = (device / "vendor").read_text("ascii").strip().lower()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if vendor == NVIDIA_VENDOR:
+            found.append(device.name)
+    return found
 
 
 def start_front(layout: GuestLayout, keys: Keys, source: EvidenceSource, say: Say) -> Front:

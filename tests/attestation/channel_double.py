@@ -92,9 +92,15 @@ class Inputs:
     policy: Path
 
 
-def write_published(folder: Path, measurements: list[bytes], name: str = "0.0.0-test") -> Path:
-    """A published file listing ``measurements``, signed by a throwaway release key kept as
-    ``release.pub`` beside it (overwritten by each call in the folder)."""
+def write_published(
+    folder: Path,
+    measurements: list[bytes],
+    name: str = "0.0.0-test",
+    gpu: dict[str, list[str]] | None = None,
+) -> Path:
+    """A published file listing ``measurements`` (and ``gpu``: the GPU state it promises),
+    signed by a throwaway release key kept as ``release.pub`` beside it (overwritten by each
+    call in the folder)."""
     key = Ed25519PrivateKey.generate()
     path = folder / f"{name}.json"
     doc = {
@@ -105,6 +111,7 @@ def write_published(folder: Path, measurements: list[bytes], name: str = "0.0.0-
         "kernel_cmdline": "console=ttyS0",
         "guest_policy": "0x30000",
         "snp": [{"vcpus": 4, "vcpu_type": "EPYC-v4", "measurement": m.hex()} for m in measurements],
+        **({"gpu": gpu} if gpu is not None else {}),
     }
     path.write_text(json.dumps(doc))
     path.with_name(path.name + ".sig").write_text(sign_published(path.read_bytes(), key))

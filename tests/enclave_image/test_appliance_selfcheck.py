@@ -41,6 +41,7 @@ from enclave_image.appliance import (
     Refused,
     StartError,
     keep_evidence,
+    nvidia_devices,
     parse_cmdline,
     prepare_dirs,
     prepare_keys,
@@ -122,6 +123,7 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
         selftest_timeout=120,
         env={"PYTHONPATH": str(REPO)},
         kds_url="http://127.0.0.1:9",  # never asked: the host's table carries the chain
+        pci_devices=tmp / "pci",  # sysfs's PCI devices: none here (the host's may have a GPU)
     )
     layout.tsm_reports.mkdir(parents=True)
     prepare_dirs(layout)
@@ -220,6 +222,25 @@ def test_the_override_allows_pins_loudly(guest: Guest) -> None:
         _selftest(guest)
     [opened] = [s for s in home.sessions() if s.session_id not in before]
     assert opened.pins is not None and opened.pins["strict_cache"] is True
+
+
+def test_a_gpu_passed_through_is_said_neither_used_nor_attested(
+    guest: Guest, tmp_path: Path
+) -> None:
+    """A stand-in for sysfs (no GPU here): an NVIDIA device beside another vendor's."""
+    pci = tmp_path / "pci"
+    for address, vendor in (("0000:00:02.0", "0x1af4"), ("0000:01:00.0", "0x10de")):
+        (pci / address).mkdir(parents=True)
+        (pci / address / "vendor").write_text(vendor + "\n")
+    layout = replace(guest.layout, pci_devices=pci)
+    said: list[str] = []
+    options = BootOptions(Path("/dev/vde"), "test-insecure", allow_unattested=True)
+    self_check(layout, options, guest.keys, bytes(32), None, b"", said.append)
+    assert said[-1] == (
+        "selfcheck: not checked here: gpu: NVIDIA device 0000:01:00.0 is present, but this"
+        " image has no NVIDIA driver: it is neither used nor attested (docs/deploy.md)"
+    )
+    assert nvidia_devices(tmp_path / "absent") == []
 
 
 def test_its_own_snp_evidence_checks_out_and_the_front_serves_fresh_evidence(
