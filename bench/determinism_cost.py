@@ -28,6 +28,19 @@ is timed, and, once the engine is closed (its thread and its OpenMP team gone), 
 model runs the same batch's decode steps on the main thread; the ratio is scheduler / main
 (target: <= 1.1, "as fast as the main thread").
 
+The real default model against ``transformers`` (#20 line 3), in a full run: SmolLM2-135M
+(``smollm2-135m``, pulled into the model cache when missing) through the invariant engine
+as it serves, then the same GGUF file through ``transformers`` (float32, its default
+attention, sdpa; batched ``generate`` with its KV cache; the same sampling; EOS held off
+with ``min_new_tokens`` as ours masks it), each alone on the machine (ours first and closed,
+then transformers on a thread of its own, so the two never hold OpenMP teams at once; and
+before the tiny model's runs, whose thread line leaves the main thread a team), the
+same 16 prompts of 24 tokens: decode tok/s at batch 16 (transformers': the time of 64 new
+tokens less the time of one, its prefill) and the time of a 512-token prefill (ours:
+submit to first token, strict cache; theirs: one forward pass with its cache). Targets:
+decode >= 1.0x transformers', prefill <= 1.2x its time. ``--quick`` and
+``--no-transformers`` skip it and say so.
+
 Each figure is the median of the repeats. ``cost`` is TPOT on / TPOT off (1.0 = free),
 paired: on and off run back to back within a repeat (in alternating order), the ratio is
 taken per repeat and then the median, because other work on a shared machine comes and
@@ -62,6 +75,10 @@ from inference.scheduler import Event, Finished, Job
 from inference.server import Engine, on_a_passing_thread
 
 BATCH_SIZES = (1, 4, 16)
+DEFAULT_MODEL = "smollm2-135m"  # the real default model, measured against transformers
+TARGET_DECODE_VS_TRANSFORMERS = 1.0  # decode tok/s at batch 16, ours / transformers'
+TARGET_PREFILL_VS_TRANSFORMERS = 1.2  # prefill time of 512 tokens, ours / transformers'
+PREFILL_TOKENS = 512
 TARGET_COST_AT_16 = 1.1
 TARGET_COST_AT_4 = 1.05  # #20 line 3
 TARGET_COST_AT_1 = 1.5
@@ -246,6 +263,137 @@ def run(model_dir: Path, *, tokens: int, repeats: int, sizes: Sequence[int]) -> 
     }
 
 
+def _prompts(engine: Engine, batch: int, length: int, rng: random.Random) -> list[list[int]]:
+    """``batch`` prompts of exactly ``length`` tokens each (random words, no padding needed
+    on either side), the same for both engines."""
+    prompts = []
+    for _ in range(batch):
+        text = " ".join(rng.choices(WORDS, k=length))
+        prompts.append(engine.tokenizer.encode(text)[:length])
+    if any(len(p) != length for p in prompts):
+        raise RuntimeError(f"a prompt came out shorter than {length} tokens")
+    return prompts
+
+
+def _ours_vs(engine: Engine, prompts: list[list[int]], tokens: int) -> float:
+    """Our engine's decode tok/s for ``prompts`` decoded together, ``tokens`` each."""
+    mask = on_a_passing_thread(
+        _no_end, engine.model.config.vocab_size, list(engine.tokenizer.eos_token_ids)
+    )
+    timelines = [_Timeline() for _ in prompts]
+    engine.scheduler.pause()
+    try:
+        for k, (ids, timeline) in enumerate(zip(prompts, timelines, strict=True)):
+            params = SamplingParams(temperature=0.7, seed=k)
+            job = Job(ids, params, seed=k, max_tokens=tokens, allowed=mask, scope=None)
+            engine.scheduler.submit(job, timeline.sink)
+    finally:
+        engine.scheduler.resume()
+    for timeline in timelines:
+        if not timeline.done.wait(600) or timeline.error or len(timeline.stamps) != tokens:
+            raise RuntimeError(f"a sequence ended early: {timeline.error}")
+    start = max(t.stamps[0] for t in timelines)
+    end = max(t.stamps[-1] for t in timelines)
+    return len(prompts) * (tokens - 1) / (end - start)
+
+
+def _ours_prefill(engine: Engine, ids: list[int]) -> float:
+    """Seconds from submitting a prompt of ``ids`` (nothing cached) to its first token."""
+    timeline = _Timeline()
+    params = SamplingParams(temperature=0.7, seed=1)
+    start = time.perf_counter()
+    engine.scheduler.submit(Job(ids, params, seed=1, max_tokens=1, scope=None), timeline.sink)
+    if not timeline.done.wait(600) or timeline.error or not timeline.stamps:
+        raise RuntimeError(f"the prefill did not finish: {timeline.error}")
+    return timeline.stamps[0] - start
+
+
+def _theirs(
+    path: Path, prompts: list[list[int]], long: list[int], tokens: int, repeats: int
+) -> dict[str, float]:
+    """transformers on the same GGUF file: float32, its default attention (sdpa), batched
+    ``generate`` with its KV cache, sampling at temperature 0.7, EOS held off until
+    ``tokens`` (``min_new_tokens``); decode tok/s from the time of ``tokens`` new tokens
+    less the time of one (the prefill), and a 512-token prefill (one forward pass)."""
+    import transformers
+
+    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    model.eval()
+    batch = torch.tensor(prompts)
+    mask = torch.ones_like(batch)
+
+    def generate(new: int) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=batch,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                temperature=0.7,
+                top_p=1.0,
+                top_k=0,
+                pad_token_id=0,
+            )
+        if out.shape[1] != batch.shape[1] + new:
+            raise RuntimeError("transformers stopped early")
+        return time.perf_counter() - start
+
+    def prefill() -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(torch.tensor([long]), use_cache=True)
+        return time.perf_counter() - start
+
+    generate(4)  # warm-up
+    prefill()
+    decode = [
+        len(prompts) * (tokens - 1) / (generate(tokens) - generate(1)) for _ in range(repeats)
+    ]
+    return {
+        "decode_tokens_per_s": statistics.median(decode),
+        "prefill_s": statistics.median(prefill() for _ in range(repeats)),
+    }
+
+
+def versus_transformers(path: Path, *, tokens: int, repeats: int) -> dict[str, Any]:
+    """The invariant engine against transformers on the real model: decode at batch 16 and a
+    512-token prefill, each engine alone on the machine (ours first, then closed, so the two
+    never keep OpenMP teams at once; transformers on a thread of its own, as ours runs)."""
+    engine = Engine(path, batch_invariance=True, max_batch=16)
+    rng = random.Random(16)
+    prompts = _prompts(engine, 16, 24, rng)
+    long = _prompts(engine, 1, PREFILL_TOKENS, rng)[0]
+    engine.start()
+    try:
+        _ours_vs(engine, prompts, min(tokens, 8))  # warm-up
+        _ours_prefill(engine, long[: PREFILL_TOKENS // 2])
+        ours_decode = statistics.median(_ours_vs(engine, prompts, tokens) for _ in range(repeats))
+        ours_prefill = []
+        for _ in range(repeats):  # strict scope (None): nothing cached between them
+            ours_prefill.append(_ours_prefill(engine, long))
+        invariant = engine.model.linear_path
+    finally:
+        engine.close()
+    theirs = on_a_passing_thread(_theirs, path, prompts, long, tokens, repeats)
+    ours = {"decode_tokens_per_s": ours_decode, "prefill_s": statistics.median(ours_prefill)}
+    return {
+        "model": path.name,
+        "invariance_path": invariant,
+        "ours": {k: round(v, 4) for k, v in ours.items()},
+        "transformers": {k: round(v, 4) for k, v in theirs.items()},
+        "decode_ratio": round(ours["decode_tokens_per_s"] / theirs["decode_tokens_per_s"], 3),
+        "prefill_ratio": round(ours["prefill_s"] / theirs["prefill_s"], 3),
+        "batch": 16,
+        "tokens": tokens,
+        "prefill_tokens": PREFILL_TOKENS,
+        "repeats": repeats,
+    }
+
+
 def table(result: dict[str, Any]) -> str:
     """Both modes side by side, the cost, and the published references beside it."""
     lines = [
@@ -272,9 +420,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "knows (smollm2-135m), a model folder or a .gguf file",
     )
     parser.add_argument("--repeats", type=int, help="repeats for --model (default: 3)")
+    parser.add_argument(
+        "--no-transformers",
+        action="store_true",
+        help=f"skip the real default model ({DEFAULT_MODEL}) against transformers",
+    )
     args = parser.parse_args(argv)
     tokens, repeats = (12, 1) if args.quick else (64, 11)
     started = time.perf_counter()
+    # first, while no thread of this process keeps an OpenMP team: the thread line below
+    # runs the tiny model on the main thread, whose team would then throttle both engines
+    versus, why_not = _versus(args.quick, args.no_transformers, tokens)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) / "tiny"
         make_model(model_dir)
@@ -296,8 +452,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         Target(
             "forward_thread", result["forward_thread"]["ratio"], TARGET_FORWARD_THREAD, "lower", "x"
         ),
+        Target(
+            "decode_vs_transformers_at_16",
+            versus["decode_ratio"] if versus else None,
+            TARGET_DECODE_VS_TRANSFORMERS,
+            "higher",
+            "x",
+        ),
+        Target(
+            "prefill_512_vs_transformers",
+            versus["prefill_ratio"] if versus else None,
+            TARGET_PREFILL_VS_TRANSFORMERS,
+            "lower",
+            "x",
+        ),
     ]
-    met = {t.name: bool(t.met) for t in summary}
+    met = {t.name: t.met for t in summary}
     print("tiny (random weights)")
     print(table(result))
     for name, other in others.items():
@@ -333,6 +503,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"forward pass at batch {fwd['batch']} ({name}): scheduler thread"
             f" {fwd['scheduler_ms']:.3f} ms, main thread {fwd['main_ms']:.3f} ms: {fwd['ratio']:.3f}x"
         )
+    if versus is None:
+        print(f"{DEFAULT_MODEL} against transformers: not measured: {why_not}")
+    else:
+        ours, theirs = versus["ours"], versus["transformers"]
+        print(
+            f"{versus['model']} at batch 16 ({versus['tokens']} tokens, median of"
+            f" {versus['repeats']}): decode {ours['decode_tokens_per_s']:.1f} tok/s (invariant,"
+            f" {versus['invariance_path']}) against transformers'"
+            f" {theirs['decode_tokens_per_s']:.1f}: {versus['decode_ratio']:.3f}x against"
+            f" >= {TARGET_DECODE_VS_TRANSFORMERS}x: {_said(met['decode_vs_transformers_at_16'])}"
+        )
+        print(
+            f"{versus['model']} prefill of {PREFILL_TOKENS} tokens: {1000 * ours['prefill_s']:.0f} ms"
+            f" against transformers' {1000 * theirs['prefill_s']:.0f} ms:"
+            f" {versus['prefill_ratio']:.3f}x against <= {TARGET_PREFILL_VS_TRANSFORMERS}x:"
+            f" {_said(met['prefill_512_vs_transformers'])}"
+        )
     targets = {t.name: t.goal for t in summary}
     doc = {
         **result,
@@ -343,8 +530,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if others:
         doc["models"] = others
+    doc["versus_transformers"] = versus if versus is not None else {"not_measured": why_not}
     print(json.dumps(doc, sort_keys=True))
     return 0
+
+
+def _versus(quick: bool, skipped: bool, tokens: int) -> tuple[dict[str, Any] | None, str]:
+    """The real default model against transformers, or None and why it was not measured."""
+    if quick:
+        return None, "--quick measures the tiny model only"
+    if skipped:
+        return None, "--no-transformers"
+    try:
+        import accelerate  # type: ignore[import-untyped]  # noqa: F401  (GGUF loading needs it)
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return None, f"transformers is not installed (the dev extra): {exc}"
+    path = _model_path(DEFAULT_MODEL)
+    _log(f"measuring {path.name} against transformers: batch 16, {tokens} tokens, 3 repeats")
+    return versus_transformers(path, tokens=tokens, repeats=3), ""
+
+
+def _said(met: bool | None) -> str:
+    return "not measured" if met is None else ("met" if met else "NOT met")
 
 
 def _model_path(spec: str) -> Path:
