@@ -138,6 +138,7 @@ def create_app(
         await dialer.aclose()
 
     app = FastAPI(lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
+    app.add_middleware(metrics.arrivals)  # added latency counts from here (egress_proxy.metrics)
     app.state.config = config
     app.state.registry = registry
     app.state.tasks = tasks

@@ -11,7 +11,10 @@ Every app has its own ``CollectorRegistry`` (never the process-global one), serv
 
 Added latency is time in the proxy less time in the upstream, for the same call:
 ``(client's last byte − call start) − (upstream's last byte − dial start)``; added time to
-first byte likewise with first bytes. Both are observed only when the client reads its reply
+first byte likewise with first bytes. The call starts when the request reaches the app
+(``ProxyMetrics.arrivals``, the outermost middleware), so routing, reading the body and
+finding the session count too, as a client sees them; only the HTTP server's own parsing
+and the network before it are outside. Both are observed only when the client reads its reply
 to the end. The two halves find each other through a context variable: the pipeline runs in
 one task, the capture that reads the upstream's body in a task it spawned (a copy of the
 context holding the same ``_Timing``).
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from egress_proxy.errors import ProxyError, UpstreamUnavailable
 from egress_proxy.transports.base import Transport, UpstreamRequest, UpstreamResponse
@@ -69,6 +73,20 @@ class _Timing:
 
 
 _TIMING: ContextVar[_Timing | None] = ContextVar("affidavit_proxy_timing", default=None)
+#: When the request being served reached the app (``ProxyMetrics.arrivals``).
+_ARRIVED: ContextVar[float | None] = ContextVar("affidavit_proxy_arrived", default=None)
+
+
+class _Arrivals:
+    """Raw ASGI: stamps each HTTP request's arrival for the call it becomes."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            _ARRIVED.set(time.perf_counter())
+        await self.app(scope, receive, send)
 
 
 class ProxyMetrics:
@@ -125,12 +143,14 @@ class ProxyMetrics:
         self.bytes.labels(name, "request_in").inc(len(call.input_bytes))
         self.outcomes.labels(name, "FAILED").inc()
 
+    arrivals = _Arrivals  # the app's outermost middleware: ``app.add_middleware(arrivals)``
+
     def stage(self, pipeline: Handler) -> Handler:
         """``pipeline`` wrapped: counts, outcomes and the proxy's side of the timing."""
 
         async def metered(call: Call) -> Reply:
             name = call.upstream.name
-            timing = _Timing(name, time.perf_counter())
+            timing = _Timing(name, _ARRIVED.get() or time.perf_counter())
             _TIMING.set(timing)
             self.calls.labels(name).inc()
             self.bytes.labels(name, "request_in").inc(len(call.input_bytes))

@@ -167,3 +167,40 @@ def test_the_registry_is_the_apps_own_and_the_route_needs_no_session(fresh: Rig)
 def _global_names() -> Iterator[str]:
     for family in text_string_to_metric_families(prometheus_client.generate_latest().decode()):
         yield family.name
+
+
+def test_added_latency_counts_from_the_requests_arrival(fresh: Rig) -> None:
+    """The call starts when the request reaches the app, not once its body is parsed: a body
+    that trickles in over 0.3 s (read by the proxy before it dials) is time the client waited
+    on the proxy, and the histogram says so; the upstream's own time is not in it."""
+    rig = fresh
+    url = rig.proxy.url
+    session = rig.open_session()
+    rig.upstream.queue.append(Script(chunks=[REPLY]))
+    before = scrape(url)
+
+    def trickle() -> Iterator[bytes]:
+        half = len(CHAT) // 2
+        yield CHAT[:half]
+        time.sleep(0.3)
+        yield CHAT[half:]
+
+    with httpx.Client(timeout=20) as client:
+        response = client.post(
+            f"{session.openai_base_url}/chat/completions",
+            content=trickle(),
+            headers={"authorization": f"Bearer {session.token}"},
+        )
+    assert response.status_code == 200
+    after = wait_for(
+        url, "affidavit_proxy_outcomes_total", 1, upstream="openai", outcome="COMMITTED"
+    )
+    name = "affidavit_proxy_added_latency_seconds"
+    count = value(after, f"{name}_count", upstream="openai") - value(
+        before, f"{name}_count", upstream="openai"
+    )
+    added = value(after, f"{name}_sum", upstream="openai") - value(
+        before, f"{name}_sum", upstream="openai"
+    )
+    assert count == 1
+    assert 0.3 <= added < 5.0, added
