@@ -24,11 +24,17 @@ in a WAL + ``synchronous=FULL`` database, in the same directory as the proxy's s
 design commits the request before dialing and the reply before the client's last byte, so two
 commits are its floor. The proxy's own ``/metrics`` are read before and after each proxied run,
 so the mean added latency it counted over those very calls stands beside the bench's (mean
-proxied latency less mean direct). The upstream's cost is fixed and documented: it replies at
-once, the same bytes every time, so nothing it does can move a ratio. Targets: added p50 <= 2
-commits + 0.3 ms and added p99 <= twice that, at concurrency 1; throughput >= 0.5x direct at
-concurrency 1 and >= 0.9x at 32; ``/metrics`` within 20% of the bench's mean added latency at
-concurrency 1 (#20 line 1). Beside them, for context
+proxied latency less mean direct). Then, where the proxy's time goes: py-spy (the dev extra)
+samples the proxy process at 1 kHz while one client makes the JSON calls again, and each
+sample goes to the part of the hot path its innermost recognised frame belongs to (HTTP
+server, routing and app, parsing, pins and clock, canonical JSON, digests, seal, Merkle tree,
+signed checkpoint, the durable commit, the upstream client, relay and annotation, the event
+loop), printed as thread time per call (``PARTS``; without py-spy it says so). The
+upstream's cost is fixed and documented: it replies at once, the same bytes every time, so
+nothing it does can move a ratio. Targets: added p50 <= 2 commits + 0.3 ms and added p99 <=
+twice that, at concurrency 1; throughput >= 0.5x direct at concurrency 1 and >= 0.9x at 32;
+``/metrics`` within 20% of the bench's mean added latency at concurrency 1 (#20 line 1).
+Beside them, for context
 only, the published added latency of gateways that keep no durable record. The load stays on
 loopback and stops by itself (fixed counts). It prints one table and, last, one line of JSON
 holding every figure (``{"figures": …, "targets": …, "met": …}``); it exits 0 whenever it ran.
@@ -283,6 +289,114 @@ def commit_latency(path: Path, n: int) -> list[float]:
     return samples
 
 
+# -- where the proxy's time goes -----------------------------------------------------------------
+
+#: The hot path's parts (#20 line 1: HTTP server, routing, parse, pins and clock, canonical
+#: JSON, digests, seal, Merkle, commits, upstream client, relay), each named by where its frames live (path fragment, and optionally a
+#: function): a sample goes to the part of its innermost frame that matches one, so json.loads
+#: called by the pins stage counts as parsing. Order breaks ties within one frame only.
+PARTS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("durable commit (SQLite)", (("record/sqlite_store.py", ""), ("record/store.py", ""))),
+    ("seal (AEAD)", (("record/seal.py", ""),)),
+    ("Merkle tree", (("record/merkle.py", ""),)),
+    ("canonical JSON", (("rfc8785/", ""), ("record/digest.py", "canonical_json"))),
+    ("digests", (("record/digest.py", ""), ("hashlib", ""))),
+    ("signed checkpoint", (("record/checkpoint.py", ""),)),
+    ("record: entries, envelopes", (("record/", ""), ("uuid6/", ""))),
+    ("pins and clock", (("egress_proxy/pins.py", ""), ("egress_proxy/clock.py", ""))),
+    ("parse (JSON, models)", (("json/", ""), ("pydantic", ""))),
+    ("upstream client", (("httpx", ""), ("httpcore", ""), ("egress_proxy/transports/", ""))),
+    ("relay and annotation", (("starlette/responses.py", ""), ("egress_proxy/sse.py", ""))),
+    ("pipeline stages", (("egress_proxy/pipeline.py", ""), ("egress_proxy/tool_ids.py", ""))),
+    ("routing, session, app", (("fastapi/", ""), ("starlette/", ""), ("egress_proxy/", ""))),
+    ("HTTP server", (("uvicorn/", ""), ("h11/", ""), ("httptools", ""))),
+    ("event loop: waiting for I/O", (("selectors.py", "select"),)),
+    ("event loop: scheduling", (("asyncio/", ""), ("anyio/", ""), ("selectors.py", ""))),
+    ("threads and queues", (("threading.py", ""), ("queue.py", ""), ("concurrent/", ""))),
+)
+
+
+def part_of(stack: str) -> str:
+    """The part a py-spy stack (``fn (file:line);…``, outermost first) belongs to."""
+    for frame in reversed(stack.split(";")):
+        function, _, where = frame.partition(" (")
+        for part, rules in PARTS:
+            for fragment, name in rules:
+                if fragment in where and (not name or function.endswith(name)):
+                    return part
+    return "other"
+
+
+def breakdown(raw: str, rate: int, calls: int) -> dict[str, Any]:
+    """Samples per part (every thread of the proxy, busy ones only: py-spy leaves idle
+    threads out), as milliseconds of thread time per call and shares of the whole."""
+    counts: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack, _, number = line.rpartition(" ")
+        if not stack or not number.isdigit():
+            continue
+        part = part_of(stack)
+        counts[part] = counts.get(part, 0) + int(number)
+    total = sum(counts.values())
+    parts = {
+        part: {"ms_per_call": ms(n / rate / calls), "share": n / total}
+        for part, n in sorted(counts.items(), key=lambda kv: -kv[1])
+    }
+    return {"samples": total, "rate_hz": rate, "calls": calls, "parts": parts}
+
+
+async def profiled_calls(url: str, token: str, body: bytes, calls: int) -> None:
+    headers = {"authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
+        await run_calls(client, url, body, 1, calls)
+
+
+def profile_proxy(pid: int, url: str, token: str, calls: int, out: Path) -> dict[str, Any]:
+    """``calls`` JSON calls at one client, the proxy sampled by py-spy meanwhile; the
+    breakdown, or ``{"not_measured": why}``."""
+    import signal
+    import subprocess
+
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).is_file():
+        return {"not_measured": "py-spy is not installed (the dev extra)"}
+    rate = 1000
+    command = [spy, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw"]
+    with subprocess.Popen(
+        [*command, "--output", str(out), "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as spying:
+        time.sleep(1.0)  # attached before the first call
+        if spying.poll() is not None:
+            why = (spying.stderr.read() if spying.stderr else "").strip().splitlines()
+            return {"not_measured": f"py-spy could not attach: {why[-1] if why else '?'}"}
+        asyncio.run(profiled_calls(url, token, REQUEST, calls))
+        spying.send_signal(signal.SIGINT)  # it writes what it sampled, then exits
+        try:
+            spying.wait(60)
+        except subprocess.TimeoutExpired:
+            spying.kill()
+            return {"not_measured": "py-spy did not stop"}
+    if not out.is_file():
+        return {"not_measured": "py-spy wrote nothing"}
+    return breakdown(out.read_text(), rate, calls)
+
+
+def breakdown_table(found: dict[str, Any]) -> str:
+    rows = [("part of the proxy", "ms per call", "share")]
+    for part, figure in found["parts"].items():
+        rows.append((part, f"{figure['ms_per_call']:.3f}", f"{100 * figure['share']:.1f}%"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for i, r in enumerate(rows):
+        lines.append(f"{r[0].ljust(widths[0])} | {r[1].rjust(widths[1])} | {r[2].rjust(widths[2])}")
+        if i == 0:
+            lines.append("-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
 # -- figures -------------------------------------------------------------------------------------
 
 
@@ -436,6 +550,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             measure(plan, direct_url, base + "/chat/completions", token, proxy_root)
         )
         metrics_text = httpx.get(proxy_root + "/metrics").text
+        progress("where the proxy's time goes (py-spy, json at 1 client) ...")
+        assert proxy.pid is not None
+        profile = profile_proxy(
+            proxy.pid,
+            base + "/chat/completions",
+            token,
+            plan.calls[1],
+            scratch / "proxy.spy",
+        )
         px_parent.send("stop")
         px_parent.poll(60) and px_parent.recv()
         proxy.join(30)
@@ -462,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "n": len(commits),
     }
     figures["proxy_metrics"] = proxy_metrics(metrics_text)
+    figures["breakdown"] = profile
     figures["published_added_ms_no_durable_record"] = PUBLISHED_MS
     figures["run"] = {
         "mode": "quick" if args.quick else "full",
@@ -496,6 +620,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" less mean direct), the proxy's /metrics over the same calls "
             + ("nothing" if said is None else f"{said:.3f} ms")
         )
+    if "not_measured" in profile:
+        print(f"where the proxy's time goes: not measured: {profile['not_measured']}")
+    else:
+        print()
+        print(
+            f"where the proxy's time goes, json at 1 client ({profile['calls']} calls, py-spy at"
+            f" {profile['rate_hz']} Hz, {profile['samples']} samples of its busy threads: the"
+            " event loop and the record's writer thread, so the parts add up to thread time,"
+            " not wall time):"
+        )
+        print(breakdown_table(profile))
+        print()
     print(f"cores: {cores}; mode: {figures['run']['mode']}; {figures['run']['seconds']:.1f} s")
     if args.quick:
         print("note: --quick runs one short repeat; its verdicts are indicative only")

@@ -32,6 +32,22 @@ def test_proxy_overhead_quick_prints_one_table_and_a_json_line() -> None:
         "Portkey (local mock)",
         "Bifrost (local mock)",
     }
+    for mode in ("json", "stream"):  # the proxy's /metrics over the very calls at 1 client
+        c1 = measured[f"{mode}_c1"]
+        assert c1["metrics_added_mean_ms"] > 0 and c1["added_mean_ms"] > 0, mode
+        assert rows[f"{mode}_c1_metrics_disagreement"]["figure"] == round(
+            c1["metrics_disagreement"], 4
+        )
+    # where the time goes: py-spy's samples by part, or why they could not be taken
+    breakdown = measured["breakdown"]
+    if "not_measured" in breakdown:
+        assert any(line.startswith("where the proxy's time goes: not measured") for line in lines)
+    else:
+        parts = breakdown["parts"]
+        assert breakdown["samples"] > 0 and breakdown["calls"] > 0
+        assert "durable commit (SQLite)" in parts, parts  # the design's floor is seen
+        assert abs(sum(p["share"] for p in parts.values()) - 1) < 1e-6
+        assert any(line.startswith("part of the proxy") for line in lines)
     assert set(figures["met"]) == set(figures["targets"])
     header = [line for line in lines if line.startswith("mode")]
     assert len(header) == 1, "one table"

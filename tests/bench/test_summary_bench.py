@@ -38,20 +38,26 @@ def test_the_summary_lists_every_target_of_the_benches_it_ran() -> None:
         ("determinism_cost", "cost_at_4"),
         ("determinism_cost", "cost_at_1"),
         ("determinism_cost", "forward_thread"),
+        ("determinism_cost", "decode_vs_transformers_at_16"),
+        ("determinism_cost", "prefill_512_vs_transformers"),
         ("grammar_mask", "mask_vs_decode_step"),
     ]
     assert set(doc["met"]) == {f"{b}.{t}" for b, t in targets}  # type: ignore[arg-type]
     # each bench's own output came through, then one table with a row per target
     assert "== bench/determinism_cost.py --quick" in lines
     header = lines.index(next(line for line in lines if line.startswith("bench  ")))
-    assert [line.split()[1] for line in lines[header + 2 : header + 7]] == [
+    assert [line.split()[1] for line in lines[header + 2 : header + 9]] == [
         "cost_at_16",
         "cost_at_4",
         "cost_at_1",
         "forward_thread",
+        "decode_vs_transformers_at_16",
+        "prefill_512_vs_transformers",
         "mask_vs_decode_step",
     ]
-    assert lines[header + 7].endswith("(--quick: indicative only)")
+    # --quick leaves the real model out: its rows say "not measured", never met or missed
+    assert lines[header + 6].split()[-1] == "measured" and "not measured" in lines[header + 6]
+    assert lines[header + 9].endswith("(--quick: indicative only)")
 
 
 def test_an_unknown_bench_is_a_usage_error() -> None:
