@@ -146,10 +146,15 @@ def _jobs(engine: Engine, batch: int, tokens: int, rng: random.Random) -> list[J
 
 def measure(engine: Engine, batch: int, tokens: int, rng: random.Random) -> Measure:
     """Decode ``batch`` sequences of ``tokens`` tokens together; their decode speed."""
-    timelines = [_Timeline() for _ in range(batch)]
+    return decode_together(engine, _jobs(engine, batch, tokens, rng), tokens)
+
+
+def decode_together(engine: Engine, jobs: list[Job], tokens: int) -> Measure:
+    """Admit ``jobs`` at once (the scheduler paused meanwhile) and time their decode."""
+    timelines = [_Timeline() for _ in jobs]
     engine.scheduler.pause()
     try:
-        for job, timeline in zip(_jobs(engine, batch, tokens, rng), timelines, strict=True):
+        for job, timeline in zip(jobs, timelines, strict=True):
             engine.scheduler.submit(job, timeline.sink)
     finally:
         engine.scheduler.resume()
@@ -160,7 +165,7 @@ def measure(engine: Engine, batch: int, tokens: int, rng: random.Random) -> Meas
             raise RuntimeError(f"a sequence ended early: {timeline.error or len(timeline.stamps)}")
     start = max(t.stamps[0] for t in timelines)
     end = max(t.stamps[-1] for t in timelines)
-    decode_tokens = batch * (tokens - 1)
+    decode_tokens = len(jobs) * (tokens - 1)
     steps = [b - a for t in timelines for a, b in zip(t.stamps, t.stamps[1:], strict=False)]
     tpot = statistics.median(steps)
     return Measure(tokens_per_s=decode_tokens / (end - start), tpot_ms=1000 * tpot)
@@ -280,21 +285,11 @@ def _ours_vs(engine: Engine, prompts: list[list[int]], tokens: int) -> float:
     mask = on_a_passing_thread(
         _no_end, engine.model.config.vocab_size, list(engine.tokenizer.eos_token_ids)
     )
-    timelines = [_Timeline() for _ in prompts]
-    engine.scheduler.pause()
-    try:
-        for k, (ids, timeline) in enumerate(zip(prompts, timelines, strict=True)):
-            params = SamplingParams(temperature=0.7, seed=k)
-            job = Job(ids, params, seed=k, max_tokens=tokens, allowed=mask, scope=None)
-            engine.scheduler.submit(job, timeline.sink)
-    finally:
-        engine.scheduler.resume()
-    for timeline in timelines:
-        if not timeline.done.wait(600) or timeline.error or len(timeline.stamps) != tokens:
-            raise RuntimeError(f"a sequence ended early: {timeline.error}")
-    start = max(t.stamps[0] for t in timelines)
-    end = max(t.stamps[-1] for t in timelines)
-    return len(prompts) * (tokens - 1) / (end - start)
+    jobs = [
+        Job(ids, SamplingParams(temperature=0.7, seed=k), k, tokens, allowed=mask, scope=None)
+        for k, ids in enumerate(prompts)
+    ]
+    return decode_together(engine, jobs, tokens).tokens_per_s
 
 
 def _ours_prefill(engine: Engine, ids: list[int]) -> float:
