@@ -280,9 +280,16 @@ def _scan_entries(stream: str, rows: Iterable[Row], out: _Problems, *, keep_bodi
     highest = -1
     it = iter(rows)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-hash") as hasher:
-        while chunk := list(itertools.islice(it, _CHUNK)):
-            hashed = hasher.submit(_leaf_hashes, [row.line for row in chunk])
-            heads = [_parse_row(row, out, scan, keep_bodies) for row in chunk]
+        # one chunk ahead: the next chunk is read and parsed while the hasher still works on
+        # this one, so its thread is never left idle while this one reads
+        chunk = list(itertools.islice(it, _CHUNK))
+        hashed = hasher.submit(_leaf_hashes, [row.line for row in chunk]) if chunk else None
+        heads = [_parse_row(row, out, scan, keep_bodies) for row in chunk]
+        while chunk and hashed is not None:
+            following = list(itertools.islice(it, _CHUNK))
+            ahead = (
+                hasher.submit(_leaf_hashes, [row.line for row in following]) if following else None
+            )
             for row, leaf, head in zip(chunk, hashed.result(), heads, strict=True):
                 scan.leaves.append(leaf)
                 if row.leaf_hash is not None and row.leaf_hash != leaf:
@@ -307,6 +314,8 @@ def _scan_entries(stream: str, rows: Iterable[Row], out: _Problems, *, keep_bodi
                     out.add("seq_order", head.seq, f"{_where(row)}: seq {head.seq} after {highest}")
                 seen.add(head.seq)
                 highest = max(highest, head.seq)
+            chunk, hashed = following, ahead
+            heads = [_parse_row(row, out, scan, keep_bodies) for row in chunk]
     _report_gaps(seen, highest, out)
     return scan
 
