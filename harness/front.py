@@ -33,7 +33,7 @@ import uvicorn
 from attestation.channel import ChannelIdentity, EvidenceSource, NoEvidence, answer, parse_nonce
 from attestation.relay import error_reply
 from attestation.tls_identity import TlsIdentity
-from harness.panel.prefix import PANEL_ROOT
+from harness.panel.prefix import PANEL_ROOT, under
 from harness.state import Home, HomeMissing
 
 __all__ = ["PANEL_ROOT", "SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
@@ -117,7 +117,11 @@ class Attested:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == "/attestation":
             await self._attestation(scope, send)
-        elif self.panel is not None and _under(scope, PANEL_ROOT):
+        elif (
+            self.panel is not None
+            and scope["type"] in ("http", "websocket")
+            and under(scope["path"], PANEL_ROOT)
+        ):
             await self.panel(scope, receive, send)
         else:
             await self.inner(scope, receive, send)
@@ -163,13 +167,6 @@ class Attested:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-def _under(scope: Scope, root: str) -> bool:
-    if scope["type"] not in ("http", "websocket"):
-        return False
-    path: str = scope["path"]
-    return path == root or path.startswith(root + "/")
 
 
 class Front:

@@ -48,6 +48,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from harness.panel.access import SAFE_METHODS, BrowserSessions, cross_site_refusal
 from harness.panel.fields import repro_rows
 from harness.panel.jobs import Job, Jobs, run_replay, run_verify
+from harness.panel.prefix import check_root
 from harness.panel.source import Opened, Source, StreamRecord
 from harness.panel.views import (
     NoTurn,
@@ -140,8 +141,8 @@ def create_app(source: Source, *, token: str | None = None, root: str = "") -> F
     path the panel is served under (``/panel`` behind the appliance's front, where ``/s/…``
     is the data plane's), which every link and redirect starts with; see
     :class:`harness.panel.prefix.Prefixed`, which routes it."""
-    if root and (not root.startswith("/") or root.endswith("/")):
-        raise ValueError(f"the panel's root path {root!r} must start with / and not end with /")
+    if root:
+        check_root(root)
     token = token or secrets.token_urlsafe(32)
     # one cookie name per panel (cookies ignore the port); its value is a browser session's
     cookie = "affidavit_panel_" + secrets.token_hex(6)

@@ -95,12 +95,15 @@ def register(app: typer.Typer) -> None:
 
         if bundle is not None and key is None:
             raise typer.BadParameter("--bundle needs --key FILE (your key)", param_hint="--key")
-        if root_path and (not root_path.startswith("/") or root_path.endswith("/")):
-            raise typer.BadParameter(
-                f"{root_path!r}: a path that starts with / and does not end with one, such as "
-                "/panel",
-                param_hint="--root-path",
-            )
+        if root_path:
+            from harness.panel.prefix import check_root
+
+            try:
+                check_root(root_path)
+            except ValueError as exc:
+                raise typer.BadParameter(
+                    f"{exc}, such as /panel", param_hint="--root-path"
+                ) from None
         if bundle is not None and tls:
             raise typer.BadParameter(
                 "a bundle is read on your own machine: no appliance to attest", param_hint="--tls"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["PANEL_ROOT", "Prefixed"]
+__all__ = ["PANEL_ROOT", "Prefixed", "check_root", "under"]
 
 #: Where the panel is served on the appliance's external address.
 PANEL_ROOT = "/panel"
@@ -23,15 +23,25 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 
+def check_root(root: str) -> str:
+    """``root`` if it is a path to serve under (``/panel``); ``ValueError`` naming it if not."""
+    if not root.startswith("/") or root.endswith("/"):
+        raise ValueError(f"the root path {root!r} must start with / and not end with /")
+    return root
+
+
+def under(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` itself or below it."""
+    return path == root or path.startswith(root + "/")
+
+
 class Prefixed:
     """``app`` under ``root``: ``root`` alone is redirected to ``root/`` (keeping the query:
     the sign-in URL carries the token there), a path outside it is 404."""
 
     def __init__(self, app: Any, root: str = PANEL_ROOT) -> None:
-        if not root.startswith("/") or root.endswith("/"):
-            raise ValueError(f"the root path {root!r} must start with / and not end with /")
         self.app = app
-        self.root = root
+        self.root = check_root(root)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
