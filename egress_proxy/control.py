@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
 
 from egress_proxy.collateral import Collateral
 from egress_proxy.errors import MalformedFetch, ProxyError, ReplayMiss
@@ -40,7 +40,7 @@ from egress_proxy.tee_status import REFUSAL, TeeStatusError, pins_refusal, read_
 from record.digest import Domain, digest
 from record.errors import SchemaError
 from record.limits import JsonRefused, load_json
-from record.schema import parse_body
+from record.schema import Continuation, describe, parse_body
 from record.seal import RecipientKey
 
 __all__ = [
@@ -97,6 +97,17 @@ def _pins(text: str) -> dict[str, JsonValue] | None:
     return value
 
 
+def _continues(text: str) -> Continuation | None:
+    if not text.strip():
+        return None
+    try:
+        return Continuation.model_validate_json(text, strict=True)
+    except ValidationError as exc:
+        raise _Abort(
+            grpc.StatusCode.INVALID_ARGUMENT, "continues_json: " + describe(exc, "continues")
+        ) from None
+
+
 class ControlServicer:
     """The handlers, each a plain method over the registry and its log."""
 
@@ -139,9 +150,12 @@ class ControlServicer:
         if not recipients and self.log.appliance_key is None:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "a session needs a recipient key")
         pins = _pins(request.pins_json)
+        continues = _continues(request.continues_json)
         self._may_pin(pins)
         try:
-            opened = self.registry.open_session(recipients, dict(request.labels), pins)
+            opened = self.registry.open_session(
+                recipients, dict(request.labels), pins, continues=continues
+            )
         except ValueError as exc:
             raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         return pb.OpenSessionResponse(
@@ -408,12 +422,14 @@ class ControlClient:
         labels: Mapping[str, str] | None = None,
         pins: Mapping[str, JsonValue] | None = None,
         *,
+        continues: Continuation | None = None,
         timeout: float = 30.0,
     ) -> pb.OpenSessionResponse:
         request = pb.OpenSessionRequest(
             recipients=[key.text() for key in recipients],
             labels=dict(labels or {}),
             pins_json=json.dumps(pins) if pins else "",
+            continues_json=continues.model_dump_json() if continues is not None else "",
         )
         return self._call("OpenSession", request, pb.OpenSessionResponse, timeout)
 

@@ -39,10 +39,11 @@ from egress_proxy.errors import ConfigError, Unauthorized
 from egress_proxy.pins import PINNABLE, pins_entry, validate_pins
 from egress_proxy.session_book import Armed, BookedSession, SessionBook
 from egress_proxy.tool_ids import RECORD_KEY, ToolIdTable
+from record.continuation import LinkBroken, check_link, opening_of
 from record.errors import CannotOpen, RecordError
 from record.log import Appended, Log
 from record.reader import StreamKeys
-from record.schema import ModelResponse, PinsSet, StreamOpened, parse_entry
+from record.schema import Continuation, ModelResponse, PinsSet, StreamOpened, parse_entry
 from record.seal import KeyPair, RecipientKey
 
 if TYPE_CHECKING:
@@ -142,18 +143,23 @@ class SessionRegistry:
         recipients: Sequence[RecipientKey],
         labels: Mapping[str, str] | None = None,
         pins: Mapping[str, JsonValue] | None = None,
+        continues: Continuation | None = None,
     ) -> OpenedSession:
         """Open a stream sealed to ``recipients`` (and the appliance key) and issue a token.
 
         Blocks until ``stream.opened`` (and ``pins.set``, when pinned) are durable, and the
         token's digest is in the session book. Bad pins are a ``ValueError`` naming the pin,
-        raised before anything is recorded.
+        raised before anything is recorded. ``continues``: the stream carries on another
+        appliance's (``record.continuation``); a link that does not hold against the store,
+        or names a stream this appliance writes itself, is a ``ValueError`` saying why.
         """
         checked = validate_pins(pins) if pins else None
+        if continues is not None:
+            self._may_continue(continues)
         session_id = str(uuid6.uuid7())
         keys = list(_with_appliance(recipients, self.log))
         session = Session(session_id, b"", dict(labels or {}), checked)
-        session.noted(self.log.open_stream(session_id, keys, session.labels))
+        session.noted(self.log.open_stream(session_id, keys, session.labels, continues=continues))
         if checked:
             session.noted(self.log.append(session_id, pins_entry(checked)))
         token = secrets.token_urlsafe(32)
@@ -163,6 +169,16 @@ class SessionRegistry:
         with self._lock:
             self._sessions[session_id] = session
         return OpenedSession(session_id, token, f"{self.base_url}/s/{session_id}")
+
+    def _may_continue(self, link: Continuation) -> None:
+        """The link holds against the named stream as the store has it, and that stream is
+        another appliance's: one this appliance opened it writes on, and resumes, itself."""
+        opened = opening_of(self.log.store, link.stream)
+        if opened.log_key == self.log.signer.vkey():
+            raise LinkBroken(
+                f"stream {link.stream!r} is this appliance's own: resume it, do not continue it"
+            )
+        check_link(link, opened, self.log.store.leaf_hashes(link.stream))
 
     def authenticate(self, session_id: str, token: str | None) -> Session:
         """The session, if ``token`` is its token; otherwise ``Unauthorized``."""

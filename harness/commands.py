@@ -330,6 +330,88 @@ def register(app: typer.Typer) -> None:
         else:
             print("\n".join(connection.env() if as_env else connection.text()))
 
+    @session_app.command("continue")
+    def session_continue(
+        session: Annotated[
+            str,
+            typer.Argument(
+                metavar="OLD",
+                help="the session to carry on: another appliance's stream in this one's store",
+            ),
+        ],
+        recipient: Annotated[
+            list[str],
+            typer.Option(
+                "--recipient", metavar="PUBLIC_KEY", help="another recipient's public key"
+            ),
+        ] = [],  # noqa: B006
+        abandon_turn: Annotated[
+            bool,
+            typer.Option(
+                "--abandon-turn",
+                help="give up OLD's unfinished last turn: the new session starts it again",
+            ),
+        ] = False,
+        home: HomeOption = None,
+        key: KeyOption = None,
+        as_json: JsonOption = False,
+    ) -> None:
+        """Carry on a session whose appliance is gone, in a new stream on this appliance that
+        names OLD and its last checkpoint; an unfinished last turn is then finished with
+        `affidavit resume NEW`, serving what OLD recorded."""
+        from harness.connect import Connection
+        from harness.continuation import continue_session
+        from harness.session import user_key
+        from harness.state import HomeMissing
+        from record.checkpoint import parse_checkpoint
+        from record.checkpoint import parse_note as parse_signed
+        from record.seal import RecipientKey
+
+        try:
+            keys = [RecipientKey.from_text(text) for text in recipient]
+        except Exception as exc:
+            raise typer.BadParameter(
+                f"not a recipient key: {exc}", param_hint="--recipient"
+            ) from None
+        h = _home(home)
+        try:
+            state, link = continue_session(
+                h, session, key=user_key(h, key), recipients=keys, abandon_turn=abandon_turn
+            )
+        except (HomeMissing, KeyError) as exc:
+            raise _missing(exc) from None
+        signed = parse_checkpoint(parse_signed(link.checkpoint.encode()).text)
+        appliance = h.appliance()
+        connection = Connection.of(
+            state.session_id,
+            state.base_url,
+            state.token,
+            appliance.model,
+            state.pins,
+            appliance.mcp_servers,
+            proxy_url=appliance.proxy_url,
+            external_url=appliance.external_url,
+        )
+        open_turn = _last_turn_open(h, state.session_id, key)
+        if as_json:
+            doc = connection.to_json()
+            doc["continues"] = {
+                "stream": link.stream,
+                "size": link.size,
+                "root": link.root,
+                "checkpoint_size": signed.size,
+            }
+            doc["resume"] = bool(open_turn)
+            print(json.dumps(doc))
+            return
+        print("\n".join(connection.text()))
+        print(
+            f"continues {link.stream}: its first {link.size} entries "
+            f"(its last signed checkpoint covers {signed.size})"
+        )
+        if open_turn:
+            print(f"its last turn did not end: affidavit resume {state.session_id}")
+
     @session_app.command("show")
     def session_show(
         session: SessionArg,

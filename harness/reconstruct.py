@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from harness.session import (
     LABEL_POLICY,
     LABEL_SEARCH,
     history,
+    labels_at,
     labels_of,
     read_bodies,
 )
@@ -136,8 +138,10 @@ class RecordToolbox:
     """Tool calls answered from the record: MCP results by (server, tool, arguments), web
     tools by the exact fetch request bytes. A call the record does not hold is a miss."""
 
-    def __init__(self, pipeline: Any, search_url: str | None) -> None:
+    def __init__(self, pipeline: Any, search_url: Callable[[int], str | None]) -> None:
         self.pipeline = pipeline
+        #: ``web_search``'s endpoint for a call asked by the reply at a seq: the label of the
+        #: stream holding that reply (a continued session's appliances each have their own)
         self.search_url = search_url
         self.miss: Exception | None = None
         self.results: dict[int, tuple[int, ToolResult | None]] = {}
@@ -149,7 +153,7 @@ class RecordToolbox:
         try:
             if spec.kind in ("fetch", "search"):
                 status, answer = self.pipeline.fetch(
-                    fetch_body(spec, json.loads(arguments), self.search_url)
+                    fetch_body(spec, json.loads(arguments), self.search_url(reply_seq))
                 )
                 return fetch_text(status, answer)
             canonical = canonical_json(json.loads(arguments))
@@ -213,7 +217,7 @@ def reconstruct_turn(
         return report
     pipeline = reconstruct_pipeline(store, stream, key, turn, bodies=bodies, annotated=True)
     transport = _PipelineTransport(pipeline)
-    toolbox = RecordToolbox(pipeline, labels.get(LABEL_SEARCH))
+    toolbox = RecordToolbox(pipeline, lambda seq: labels_at(bodies, seq).get(LABEL_SEARCH))
     api = model_api(
         labels.get(LABEL_API, "openai"),
         f"http://reconstruct.invalid/s/{stream}",

@@ -25,6 +25,7 @@ import httpx2
 
 from egress_proxy.fetch import recorded_fetch
 from harness.agent import Agent, NeedsDecision, TurnPolicy, TurnResult
+from harness.continuation import CannotContinue
 from harness.model_api import model_api
 from harness.reconstruct import turn_setup
 from harness.session import (
@@ -143,9 +144,14 @@ class _ResumeToolbox:
         live: ProxyToolbox,
         sliced: list[tuple[int, Strict]],
         search_url: str | None,
+        *,
+        refuse_live: Callable[[], bool] | None = None,
+        older: str | None = None,
     ) -> None:
         self.live = live
         self.search_url = search_url
+        self.refuse_live = refuse_live  # True while the replies come from an older stream
+        self.older = older
         results = {b.call_seq: b for _, b in sliced if isinstance(b, ToolResult)}
         self.calls = {
             b.call_id: (seq, b, results.get(seq)) for seq, b in sliced if isinstance(b, ToolCall)
@@ -206,6 +212,13 @@ class _ResumeToolbox:
         )
 
     def _live(self, spec: ToolSpec, arguments: bytes, reply_seq: int, call_id: str) -> ToolOutput:
+        if self.refuse_live is not None and self.refuse_live():
+            raise CannotContinue(
+                f"{spec.name}: call {call_id} was asked by a reply recorded in {self.older} "
+                "and has no answer there; this appliance can only send calls its own stream's "
+                "replies asked for. Nothing was sent or recorded: continue the older session "
+                "again with --abandon-turn"
+            )
         self.sent_live += 1
         return self.live.call(spec, arguments, reply_seq=reply_seq, call_id=call_id)
 
@@ -262,11 +275,18 @@ def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | No
         raise NotWaiting(f"session {session_id} is not waiting for a decision")
     appliance = home.appliance()
     opener = key or user_key(home)
-    bodies = wait_settled(appliance.store, session_id, opener, timeout=5)
+    view = wait_settled(appliance.store, session_id, opener, timeout=5)
+    bodies = view.bodies
     turn = turn_states(bodies)[-1].turn
     call_id = state.pending.get("call_id")
     call_seq = state.pending.get("call_seq")
-    if not isinstance(call_seq, int):
+    if view.offset:  # a continuation: find the call in the view, append its own seq
+        found = next(
+            (s for s, b in reversed(bodies) if isinstance(b, ToolCall) and b.call_id == call_id),
+            None,
+        )
+        call_seq = view.own_seq(found) if found is not None else None
+    elif not isinstance(call_seq, int):
         call_seq = next(
             (s for s, b in reversed(bodies) if isinstance(b, ToolCall) and b.call_id == call_id),
             None,
@@ -297,9 +317,10 @@ def resume_session(
     opener = key or user_key(home)
     if decision is not None:
         decide(home, session_id, decision, key=opener)
-    bodies = wait_settled(
+    view = wait_settled(
         appliance.store, session_id, opener, timeout=settle_timeout, progress=progress
     )
+    bodies = view.bodies
     states = turn_states(bodies)
     if not states or states[-1].ended is not None:
         if state.status != "idle":
@@ -319,7 +340,16 @@ def resume_session(
     )
     transport = _ResumeTransport(pipeline, state.base_url, state.token)
     live_tools = ProxyToolbox(state.base_url, state.token, search_url=appliance.search_url)
-    toolbox = _ResumeToolbox(live_tools, sliced, appliance.search_url)
+    # In a continuation, a call asked by a reply served from an older stream cannot go live:
+    # this appliance's proxy admits calls against the replies of its own stream only.
+    older = view.streams[-2] if view.offset else None
+    toolbox = _ResumeToolbox(
+        live_tools,
+        sliced,
+        appliance.search_url,
+        refuse_live=(lambda: not transport.live) if older is not None else None,
+        older=older,
+    )
     api = model_api(
         labels.get(LABEL_API, appliance.api),
         state.base_url,

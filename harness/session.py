@@ -22,6 +22,7 @@ from pydantic import JsonValue
 
 from egress_proxy.fetch import SEARCH_LABEL
 from harness.agent import Agent, TurnPolicy, TurnResult
+from harness.continuation import Linked, linked
 from harness.model_api import model_api
 from harness.state import (
     Appliance,
@@ -39,6 +40,7 @@ from record.backends import store_exists
 from record.digest import Domain, digest
 from record.errors import CannotOpen
 from record.schema import (
+    Continuation,
     FetchRequest,
     FetchResponse,
     ModelRequest,
@@ -63,8 +65,10 @@ __all__ = [
     "append_event",
     "has_stream",
     "history",
+    "labels_at",
     "open_session",
     "read_bodies",
+    "read_linked",
     "require_turn",
     "run_turn",
     "turn_states",
@@ -137,8 +141,10 @@ def open_session(
     *,
     policy: TurnPolicy | None = None,
     labels: Mapping[str, str] | None = None,
+    continues: Continuation | None = None,
 ) -> SessionState:
-    """Open a session (sealed to the user's key and ``recipients``) and keep its token."""
+    """Open a session (sealed to the user's key and ``recipients``) and keep its token;
+    ``continues``: the other appliance's stream it carries on (``harness.continuation``)."""
     appliance = home.appliance()
     key = user_key(home, create=True)
     every = [key.recipient, *[r for r in recipients if r.text() != key.recipient.text()]]
@@ -151,7 +157,9 @@ def open_session(
         all_labels[LABEL_SEARCH] = appliance.search_url
     all_labels.update(labels or {})
     with control(appliance) as client:
-        opened = client.open_session(every, all_labels, dict(pins) if pins else None)
+        opened = client.open_session(
+            every, all_labels, dict(pins) if pins else None, continues=continues
+        )
     state = SessionState(
         opened.session_id, opened.token, opened.base_url, dict(pins) if pins else None
     )
@@ -177,12 +185,15 @@ def append_event(home: Home, session_id: str, body: Strict) -> int:
 
 
 def read_bodies(store: Path | str, stream: str, key: KeyPair) -> list[tuple[int, Strict]]:
-    from egress_proxy.replay import read_stream
+    """The session's bodies, across the streams it continues (``harness.continuation``)."""
+    return read_linked(store, stream, key).bodies
 
+
+def read_linked(store: Path | str, stream: str, key: KeyPair) -> Linked:
     if not store_exists(store):
         raise HomeMissing(f"record store {store} does not exist")
     try:
-        return read_stream(store, stream, key)
+        return linked(store, stream, key)
     except CannotOpen:
         if not has_stream(store, stream):  # a mistyped id, not a stream sealed to others
             raise SessionUnknown(f"no session {stream!r} in the record {store}") from None
@@ -219,6 +230,19 @@ def labels_of(bodies: Sequence[tuple[int, Strict]]) -> dict[str, str]:
         if isinstance(body, StreamOpened):
             return dict(body.labels)
     return {}
+
+
+def labels_at(bodies: Sequence[tuple[int, Strict]], seq: int) -> dict[str, str]:
+    """The labels of the stream that holds ``seq`` in a session's view: a continued session
+    has one ``stream.opened`` per stream, and each appliance's own labels (its search
+    endpoint) held for what it sent."""
+    found: dict[str, str] = {}
+    for at, body in bodies:
+        if at > seq:
+            break
+        if isinstance(body, StreamOpened):
+            found = dict(body.labels)
+    return found
 
 
 def history(bodies: Sequence[tuple[int, Strict]], before: int) -> list[tuple[str, str]]:
@@ -285,17 +309,17 @@ def wait_settled(
     *,
     timeout: float = 120.0,
     progress: Callable[[str], None] | None = None,
-) -> list[tuple[int, Strict]]:
-    """The stream once every request in it has its answer recorded (the proxy finishes a
+) -> Linked:
+    """The session once every request in it has its answer recorded (the proxy finishes a
     call a killed client left), or as it stands after ``timeout``: what is still open then
     stays open (the proxy's recovery answers it ``UNKNOWN`` when it restarts)."""
     deadline = time.monotonic() + timeout
     said = False
     while True:
-        bodies = read_bodies(store, stream, key)
-        open_ = pending_calls(bodies)
+        view = read_linked(store, stream, key)
+        open_ = pending_calls(view.bodies)
         if not open_ or time.monotonic() > deadline:
-            return bodies
+            return view
         if progress is not None and not said:
             progress(f"waiting for the proxy to record the answers to seq {open_}")
             said = True

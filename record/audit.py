@@ -8,7 +8,9 @@ entry is covered by a signed checkpoint. Entries after the largest matching chec
 an unsigned tail: anyone with the public keys alone could have written them (a whole forged
 stream is all tail), so they are a problem unless the caller tolerates them
 (``allow_unsigned_tail``; a store written before every batch was signed). With a recipient
-key it also opens every body and recomputes every digest against its bytes.
+key it also opens every body and recomputes every digest against its bytes. A stream that
+continues another appliance's stream has its link checked against that stream when the store
+holds it too (``record.continuation``); otherwise the report says the link was not checked.
 
 Problem codes (stable; ``docs/record.md`` lists them):
 
@@ -29,6 +31,8 @@ Problem codes (stable; ``docs/record.md`` lists them):
 ``checkpoint_inconsistent`` two checkpoints that cannot both describe this log
 ``unsigned_tail``           entries that no checkpoint signed by the log key covers (not
                             tolerated when no checkpoint matches at all)
+``continuation_broken``     a stream continues another one (``stream.opened.continues``) that
+                            is at hand, and the link does not hold against it
 ``cannot_open``             (with a key) a body does not open
 ``malformed_body``          (with a key) an opened body is not valid for its kind
 ``body_digest_mismatch``    (with a key) a digest does not match the bytes it covers
@@ -59,12 +63,16 @@ from record.checkpoint import (
     Verifier,
     log_origin,
     open_checkpoint,
+    parse_checkpoint,
+    parse_note,
 )
+from record.continuation import LinkBroken, check_link, opening_of
 from record.digest import Domain, digest
 from record.errors import CannotOpen, SchemaError
 from record.reader import StreamKeys, digest_mismatches
 from record.schema import (
     CLEAR_KINDS,
+    Continuation,
     Entry,
     EntryHead,
     EvidenceArchived,
@@ -75,12 +83,18 @@ from record.schema import (
     parse_head,
 )
 from record.seal import KeyPair
-from record.store import opened_by
+from record.store import LogStore, opened_by
 
 #: At most this many problems of one code are listed per stream; the rest are counted.
 _PER_CODE_LIMIT = 50
 
 UNSIGNED_TAIL = "unsigned_tail"
+CONTINUATION_BROKEN = "continuation_broken"
+
+#: Checks a link against the stream it names, as the caller holds that stream: ``True`` when
+#: it was checked and holds, ``False`` when the stream is not at hand (nothing was checked),
+#: ``LinkBroken`` when it does not hold.
+LinkCheck = Callable[[Continuation], bool]
 
 
 @dataclass(frozen=True)
@@ -91,12 +105,30 @@ class Problem:
     detail: str
 
 
+@dataclass(frozen=True)
+class Continues:
+    """A stream's link to the stream it continues (``stream.opened.continues``), as audited.
+
+    ``checked`` is whether the continued stream was at hand to check the link against (a
+    bundle holds one stream only); ``holds`` is ``None`` when it was not.
+    ``checkpoint_size`` is the size the link's note states (``None`` when the note does not
+    parse); it is the continued log's word only when the link was checked and holds.
+    """
+
+    stream: str
+    size: int
+    checkpoint_size: int | None
+    checked: bool
+    holds: bool | None
+
+
 @dataclass
 class Report:
     """The audit's verdict: ``ok`` only when no problem was found.
 
     ``unsigned`` counts, per stream, the entries no signed checkpoint covers; it is filled
     whether or not the unsigned tail counts as a problem (``allow_unsigned_tail``).
+    ``continues`` holds, per stream that continues another, what became of its link.
     """
 
     entries: int = 0
@@ -104,6 +136,7 @@ class Report:
     problems: list[Problem] = field(default_factory=list)
     unsigned: dict[str, int] = field(default_factory=dict)
     allow_unsigned_tail: bool = False
+    continues: dict[str, Continues] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -120,16 +153,21 @@ class Report:
         """
         self.streams.append(audit.stream)
         self.unsigned[audit.stream] = audit.unsigned
+        if audit.continues is not None:
+            self.continues[audit.stream] = audit.continues
         tolerate = self.allow_unsigned_tail and audit.covered > 0
         self.problems += [p for p in audit.problems if not (tolerate and p.code == UNSIGNED_TAIL)]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "ok": self.ok,
             "entries": self.entries,
             "problems": [asdict(p) for p in self.problems],
             "unsigned_tail": dict(sorted(self.unsigned.items())),
         }
+        if self.continues:  # only where a stream continues another: other reports unchanged
+            doc["continues"] = {s: asdict(c) for s, c in sorted(self.continues.items())}
+        return doc
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=None, sort_keys=True)
@@ -174,13 +212,15 @@ class _Problems:
 
 @dataclass(frozen=True)
 class StreamAudit:
-    """One stream's findings: its problems (an unsigned tail among them) and how many of its
-    ``entries`` the largest checkpoint that matches the log covers."""
+    """One stream's findings: its problems (an unsigned tail among them), how many of its
+    ``entries`` the largest checkpoint that matches the log covers, and its link to the stream
+    it continues, if it continues one."""
 
     stream: str
     problems: list[Problem]
     entries: int
     covered: int
+    continues: Continues | None = None
 
     @property
     def unsigned(self) -> int:
@@ -197,6 +237,7 @@ def audit_stream(
     kept: Sequence[tuple[str, bytes]] = (),
     evidence: Callable[[str], bytes | None] | None = None,
     evidence_names: Collection[str] | None = None,
+    links: LinkCheck | None = None,
 ) -> list[Problem]:
     """Every problem of one stream (see :func:`check_stream`)."""
     return check_stream(
@@ -208,6 +249,7 @@ def audit_stream(
         kept=kept,
         evidence=evidence,
         evidence_names=evidence_names,
+        links=links,
     ).problems
 
 
@@ -221,6 +263,7 @@ def check_stream(
     kept: Sequence[tuple[str, bytes]] = (),
     evidence: Callable[[str], bytes | None] | None = None,
     evidence_names: Collection[str] | None = None,
+    links: LinkCheck | None = None,
 ) -> StreamAudit:
     """Audit one stream. ``checkpoints`` and ``kept`` are ``(label, note)`` pairs.
 
@@ -228,6 +271,8 @@ def check_stream(
     a key, each ``evidence.archived`` entry's file is checked against its digest.
     ``evidence_names``: every file the bundle's ``evidence/`` holds; with a key, one that no
     ``evidence.archived`` entry names is a problem (nothing vouches for it).
+    ``links`` checks the stream's ``continues`` link, if it has one, against the stream it
+    names (without it, or where that stream is not at hand, the link is reported unchecked).
 
     One streaming pass over ``rows``: only leaf hashes and ``seq`` numbers are kept, so
     memory grows with the number of entries, not their bytes (bodies are kept only when a
@@ -236,7 +281,10 @@ def check_stream(
     out = _Problems(stream)
     scan = _scan_entries(stream, rows, out, keep_bodies=key is not None)
     origin = _expected_origin(stream, log_key)
-    valid_clear = _check_opening(scan, log_key, origin, out)
+    valid_clear, opened = _check_opening(scan, log_key, origin, out)
+    continues = None
+    if opened is not None and opened[1].continues is not None:  # only a continuation pays
+        continues = _check_continuation(opened[0], opened[1].continues, links, out)
     signed = _check_signatures(checkpoints, kept, log_key, origin, out)
     covered = _check_tree(scan.leaves, signed, out)
     n = len(scan.leaves)
@@ -250,7 +298,7 @@ def check_stream(
         )
     if key is not None:
         _check_bodies(stream, scan.kept, valid_clear, key, out, evidence, evidence_names)
-    return StreamAudit(stream, out.finish(), n, covered)
+    return StreamAudit(stream, out.finish(), n, covered, continues)
 
 
 @dataclass
@@ -373,13 +421,15 @@ def _expected_origin(stream: str, log_key: str | None) -> str | None:
 
 def _check_opening(
     scan: _Scan, log_key: str | None, origin: str | None, out: _Problems
-) -> set[int]:
+) -> tuple[set[int], tuple[int, StreamOpened] | None]:
     """The stream opens with ``stream.opened`` naming our origin; key epochs count up by one.
 
     Every clear body is checked here, key or not: a bad one is ``malformed_entry`` (and never
-    also ``malformed_body``). Returns the ids of the clear entries whose body is valid.
+    also ``malformed_body``). Returns the ids of the clear entries whose body is valid, and
+    the first valid ``stream.opened`` (its ``seq`` and body), if there is one.
     """
     valid: set[int] = set()
+    opened: tuple[int, StreamOpened] | None = None
     seen_opened = False
     if scan.first_kind is not None and scan.first_kind != "stream.opened":
         out.add(
@@ -409,6 +459,7 @@ def _check_opening(
             if second:
                 out.add("malformed_entry", entry.seq, "a second stream.opened")
                 continue
+            opened = (entry.seq, body)
             if log_key is not None and body.log_key != log_key:
                 out.add(
                     "checkpoint_invalid",
@@ -421,7 +472,49 @@ def _check_opening(
                     entry.seq,
                     f"stream.opened names origin {body.origin!r}; the log key's is {origin!r}",
                 )
-    return valid
+    return valid, opened
+
+
+def _check_continuation(
+    seq: int, link: Continuation, links: LinkCheck | None, out: _Problems
+) -> Continues:
+    """The link of a stream that continues another (docs/record.md §5.3, Continuation): checked
+    by ``links`` against the stream it names where that stream is at hand."""
+    checked, holds = False, None
+    if links is not None:
+        try:
+            checked = links(link)
+        except LinkBroken as exc:
+            out.add("continuation_broken", seq, f"continues {link.stream!r}: {exc}")
+            checked, holds = True, False
+        else:
+            holds = True if checked else None
+    return Continues(link.stream, link.size, _stated_size(link.checkpoint), checked, holds)
+
+
+def _stated_size(note: str) -> int | None:
+    """The tree size a note's text states, unverified (for people: which checkpoint)."""
+    try:
+        return parse_checkpoint(parse_note(note.encode("utf-8")).text).size
+    except (CheckpointError, ValueError):
+        return None
+
+
+def links_in(store: LogStore, streams: Collection[str] | None = None) -> LinkCheck:
+    """Check links against the streams ``store`` holds (``streams``, when the caller listed
+    them already): each named stream's clear opening and the leaf hashes of its stored lines
+    (the link may take fewer than its checkpoint covers), hashed here from the lines (an
+    altered line breaks the link even where the store's leaf hash column was left as it was)."""
+    held = set(store.streams() if streams is None else streams)
+
+    def check(link: Continuation) -> bool:
+        if link.stream not in held:
+            return False
+        lines = store.entries(link.stream)
+        check_link(link, opening_of(store, link.stream), [merkle.hash_leaf(e.line) for e in lines])
+        return True
+
+    return check
 
 
 def _check_signatures(
@@ -586,7 +679,8 @@ def verify_store(
 
     ``allow_unsigned_tail``: entries after a stream's last checkpoint are counted in
     ``Report.unsigned`` but not reported as problems (a store from before every commit batch
-    was signed).
+    was signed). A stream that continues another one the store holds has its link checked
+    against it (``Report.continues`` says so, or that the link was not checked).
     """
     store = open_store(path, readonly=True)
     try:
@@ -598,6 +692,7 @@ def verify_store(
         streams = store.streams()
         routed = _route_kept(kept, streams)
         name = store_label(path)
+        links = links_in(store, streams)
         for stream in streams:
             log_key = pinned or opened_by(store, stream)
             count = store.size(stream)
@@ -608,7 +703,15 @@ def verify_store(
             ]
             report.entries += count
             report.add_stream(
-                check_stream(stream, rows, notes, log_key, key=key, kept=routed.get(stream, []))
+                check_stream(
+                    stream,
+                    rows,
+                    notes,
+                    log_key,
+                    key=key,
+                    kept=routed.get(stream, []),
+                    links=links,
+                )
             )
         report.problems += _unrouted(routed, streams)
         return report

@@ -21,7 +21,14 @@ from typing import Annotated, ParamSpec
 
 import typer
 
-from record.audit import UNSIGNED_TAIL, Problem, Report, verify_store
+from record.audit import (
+    CONTINUATION_BROKEN,
+    UNSIGNED_TAIL,
+    Continues,
+    Problem,
+    Report,
+    verify_store,
+)
 from record.backends import (
     StoreLocation,
     is_url,
@@ -222,7 +229,7 @@ def _read_kept(values: Sequence[str]) -> list[bytes]:
     return [path.read_bytes() for path in kept_checkpoint_files(values)]
 
 
-def _print_report(report: Report, path: str, as_json: bool) -> None:
+def _print_report(report: Report, path: str, as_json: bool, *, holder: str = "store") -> None:
     if as_json:
         print(report.dumps())
         return
@@ -248,6 +255,22 @@ def _print_report(report: Report, path: str, as_json: bool) -> None:
                     f"  allowed: {stream}: {counted(count, 'entry', 'entries')} no checkpoint "
                     "covers (unsigned tail)"
                 )
+    for stream, link in sorted(report.continues.items()):
+        print(f"  {_continuation_line(stream, link, holder)}")
+
+
+def _continuation_line(stream: str, link: Continues, holder: str) -> str:
+    """One line per stream that continues another: whether its link was checked, and how."""
+    old = link.stream
+    at = "?" if link.checkpoint_size is None else str(link.checkpoint_size)
+    head = f"stream {stream} continues {old} at entry {link.size}"
+    if not link.checked:
+        return (
+            f"{head} (checkpoint at {at}, not verified): not checked: {old} is not in this {holder}"
+        )
+    if link.holds:
+        return f"{head} (checkpoint at {at}, signed by {old}'s log key): link checked"
+    return f"{head}: link BROKEN ({CONTINUATION_BROKEN} above)"
 
 
 # -- the commands --------------------------------------------------------------------------
@@ -344,7 +367,8 @@ def log_verify(
     target = _store_of(None, home) if path is None else location(path)
     pair = _read_key(key)
     kept = _read_kept(against or [])
-    if isinstance(target, Path) and target.is_dir():
+    bundle = isinstance(target, Path) and target.is_dir()
+    if isinstance(target, Path) and bundle:
         report = verify_bundle(
             target, key=pair, kept=kept, log_key=log_key, allow_unsigned_tail=allow_unsigned_tail
         )
@@ -362,7 +386,7 @@ def log_verify(
             report = Report(problems=[Problem("malformed_store", "?", None, detail)])
     else:
         raise StoreMissing(f"{target} is neither a store file nor a bundle directory")
-    _print_report(report, store_name(target), as_json)
+    _print_report(report, store_name(target), as_json, holder="bundle" if bundle else "store")
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 

@@ -49,6 +49,7 @@ from record.errors import CannotOpen, NotOwner, RecordError, UnknownStream
 from record.schema import (
     CLEAR_KINDS,
     SCHEMA_VERSION,
+    Continuation,
     EvidenceArchived,
     KeyRotated,
     LeaseTaken,
@@ -212,8 +213,10 @@ class Log:
         stream: str,
         recipients: Sequence[RecipientKey],
         labels: dict[str, str] | None = None,
+        continues: Continuation | None = None,
     ) -> Appended:
-        """Append the stream's opening entry, sealing a fresh data key to every recipient."""
+        """Append the stream's opening entry, sealing a fresh data key to every recipient;
+        ``continues`` names the other appliance's stream this one carries on."""
         if not recipients:
             raise ValueError("a stream needs at least one recipient key")
         _STREAM_NAME.validate_python(stream)
@@ -226,6 +229,7 @@ class Log:
             key_epoch=0,
             recipients=_wrap_all(recipients, data_key, stream, 0),
             labels=labels or {},
+            continues=continues,
         )
         return self._submit(stream, body, new_key=(0, data_key)).result()
 
@@ -314,8 +318,13 @@ class Log:
             if kind in CLEAR_KINDS:
                 raise ValueError(f"{kind} entries are written by open_stream/rotate_key")
             self._state(stream)  # refuse unknown streams before queueing
+        # A clear body leaves out a member it does not have (``StreamOpened.continues``): a
+        # stream without one is byte for byte what it was before the member existed.
         payload: bytes | dict[str, Any]
-        payload = body.model_dump(mode="json") if kind in CLEAR_KINDS else canonical_body(body)
+        if kind in CLEAR_KINDS:
+            payload = body.model_dump(mode="json", exclude_none=True)
+        else:
+            payload = canonical_body(body)
         request = _Request(stream, kind, payload, new_key=new_key, evidence=evidence)
         self._queue.put(request)
         return request.future

@@ -209,8 +209,21 @@ class WrappedKey(Strict):
     sealed_key: Annotated[B64Bytes, _exact_length(80, "a wrapped data key")]
 
 
+class Continuation(Strict):
+    """Where a stream takes over from another appliance's stream, which it may not write:
+    that stream, its last signed checkpoint then (verbatim, signed by that stream's log key),
+    and its size and Merkle root as the continuing appliance read them. Entries past the
+    checkpoint's size are vouched for by this stream's own signer, not by the old one."""
+
+    stream: StreamName
+    checkpoint: str  # the continued stream's signed checkpoint note, as stored
+    size: Count  # entries of the continued stream taken over (>= the checkpoint's size)
+    root: Digest  # Merkle root over those ``size`` entries
+
+
 class StreamOpened(Strict):
-    """Opening entry (clear): who can read the stream and which key signs its checkpoints."""
+    """Opening entry (clear): who can read the stream and which key signs its checkpoints;
+    ``continues``, only on a stream that carries on another appliance's session."""
 
     kind: Literal["stream.opened"] = "stream.opened"
     origin: str
@@ -222,6 +235,7 @@ class StreamOpened(Strict):
     key_epoch: Count
     recipients: list[WrappedKey] = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
+    continues: Continuation | None = None  # left out of the body when None
 
 
 class KeyRotated(Strict):

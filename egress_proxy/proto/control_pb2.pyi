@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("recipients", "labels", "pins_json")
+    __slots__ = ("recipients", "labels", "pins_json", "continues_json")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -21,10 +21,12 @@ class OpenSessionRequest(_message.Message):
     RECIPIENTS_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PINS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CONTINUES_JSON_FIELD_NUMBER: _ClassVar[int]
     recipients: _containers.RepeatedScalarFieldContainer[str]
     labels: _containers.ScalarMap[str, str]
     pins_json: str
-    def __init__(self, recipients: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., pins_json: _Optional[str] = ...) -> None: ...
+    continues_json: str
+    def __init__(self, recipients: _Optional[_Iterable[str]] = ..., labels: _Optional[_Mapping[str, str]] = ..., pins_json: _Optional[str] = ..., continues_json: _Optional[str] = ...) -> None: ...
 
 class OpenSessionResponse(_message.Message):
     __slots__ = ("session_id", "token", "path", "base_url")

@@ -92,8 +92,12 @@ def web_appliance(home: Home) -> Iterator[RunningAppliance]:
 
 
 @contextmanager
-def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
-    ledger = tmp / "ledger.txt"
+def harness_rig(
+    tmp: Path, *, mcp: bool = True, store: str | None = None, ledger: Path | None = None
+) -> Iterator[HarnessRig]:
+    """``store``: the record's store (default: the home's SQLite file); ``ledger``: the file
+    the ledger server writes (default: in ``tmp``), shared by appliances that share a world."""
+    ledger = ledger or tmp / "ledger.txt"
     servers: dict[str, Any] = {}
     if mcp:
         servers = {
@@ -133,6 +137,7 @@ def harness_rig(tmp: Path, *, mcp: bool = True) -> Iterator[HarnessRig]:
                 fetch_allow=("127.0.0.1/32",),  # the loopback web: refused unless allow-listed
                 env=env,
                 clock=CLOCK,
+                store=store,
             ) as up,
         ):
             yield HarnessRig(home, up, web, url, ledger, remote, engine)

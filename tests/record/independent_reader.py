@@ -296,6 +296,9 @@ BODY_SCHEMAS: dict[str, tuple[dict[str, Check], frozenset[str]]] = {
             "key_epoch": t_int(0),
             "recipients": t_list(_WRAPPED, 1),
             "labels": _defaulted(t_map_of_str, {}),
+            "continues": _opt(
+                t_record({"stream": STREAM, "checkpoint": t_str, "size": t_int(0), "root": DIGEST})
+            ),
         }
     ),
     "key.rotated": _body({"key_epoch": t_int(1), "recipients": t_list(_WRAPPED, 1)}),
@@ -700,6 +703,8 @@ class Report:
     data_keys: dict[int, bytes] = field(default_factory=dict)
     checkpoints: list[CheckpointText] = field(default_factory=list)  # verified ones
     uncovered: int = 0  # lines after the largest matching checkpoint: the unsigned tail
+    #: §12 step 11: {"stream", "size", "checked"} of the stream's continues link, if it has one
+    continues: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -719,9 +724,12 @@ def verify_bundle(
     log_key: str | None = None,
     kept: Sequence[bytes] = (),
     allow_unsigned_tail: bool = False,
+    continued: Path | str | None = None,
 ) -> Report:
     """§12 (and §13 with a key): every problem found, with its §14 code. §12 step 8's
-    unsigned tail is counted in ``uncovered`` and, unless allowed, is a problem."""
+    unsigned tail is counted in ``uncovered`` and, unless allowed, is a problem.
+    ``continued``: the bundle of the stream this one continues, if the caller holds it: the
+    link is checked against it (§12 step 11)."""
     root = Path(path)
     report = Report()
 
@@ -944,9 +952,80 @@ def verify_bundle(
         if own is not None and log_key is not None and own != log_key:
             report.add("checkpoint_invalid", None, f"boot/{name}: log_key.pub names another key")
 
+    # 11. Continuation.
+    if opened is not None and isinstance(opened[1], dict) and opened[1].get("continues"):
+        try:
+            check_body("stream.opened", opened[1], "stream.opened body")
+        except Bad:
+            pass  # step 6 reported it
+        else:
+            link = opened[1]["continues"]
+            checked = False
+            if continued is not None:
+                old = _stream_lines(Path(continued))
+                if old and _stream_of(old[0]) == link["stream"]:
+                    checked = True
+                    problem = link_problem(link, old)
+                    if problem is not None:
+                        report.add("continuation_broken", opened[0]["seq"], problem)
+            report.continues = {"stream": link["stream"], "size": link["size"], "checked": checked}
+
     if private_key_pem is not None:
         _open_bodies(root, report, entries, private_key_pem, folder_names)
     return report
+
+
+def _stream_lines(root: Path) -> list[bytes]:
+    """§12 step 2's lines of a bundle (none when it has no ``entries.jsonl``)."""
+    try:
+        data = (root / "entries.jsonl").read_bytes()
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return lines
+
+
+def _stream_of(line: bytes) -> str | None:
+    try:
+        envelope, _ = parse_line(line)
+    except Bad:
+        return None
+    stream: str = envelope["stream"]
+    return stream
+
+
+def link_problem(link: dict[str, Any], old: Sequence[bytes]) -> str | None:
+    """§12 step 11: what is wrong with a valid Continuation ``link`` against the lines of the
+    stream it names, or ``None`` when all six checks hold."""
+    name = link["stream"]
+    try:
+        envelope, body = parse_line(old[0])
+        if envelope["kind"] != "stream.opened":
+            return f"{name} does not open with stream.opened"
+        check_body("stream.opened", body, f"{name} stream.opened body")
+        vkey = parse_vkey(body["log_key"])
+        # 1. signed by the old stream's log key
+        cp = open_note(link["checkpoint"].encode("utf-8"), vkey)
+    except Bad as exc:
+        return f"the checkpoint of {name} does not open with its log key: {exc}"
+    # 2. the old stream's origin, from its vkey and its name (§10.4)
+    if cp.origin != f"{vkey.name}/{vkey.key_id.hex()}/{name}":
+        return f"the checkpoint is of {cp.origin!r}, not of {name}"
+    # 3. and 4. size <= the old stream's size, and checkpoint size <= the old stream's size
+    if cp.size > len(old):
+        return f"the checkpoint's size {cp.size} is beyond the {len(old)} lines of {name}"
+    if link["size"] > len(old):
+        return f"size {link['size']} is beyond the {len(old)} lines of {name}"
+    leaves = [leaf_hash(line) for line in old]
+    # 5. the old stream at the checkpoint's size has the checkpoint's root
+    if mth(leaves[: cp.size]) != cp.root:
+        return f"{name} at size {cp.size} does not have its checkpoint's root"
+    # 6. the old stream at size has the link's root
+    if "sha256:" + mth(leaves[: link["size"]]).hex() != link["root"]:
+        return f"{name} at size {link['size']} does not have the link's root"
+    return None
 
 
 def _plain(name: Any) -> bool:

@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 import record.seal
 from record import merkle
-from record.audit import Row, audit_stream
+from record.audit import Continues, Row, audit_stream, verify_store
 from record.bundle import export_stream, verify_bundle
 from record.checkpoint import (
     Checkpoint,
@@ -50,6 +50,7 @@ from record.checkpoint import (
     parse_note,
     sign_checkpoint,
 )
+from record.continuation import link_to, root_digest
 from record.digest import Domain, canonical_json, digest
 from record.errors import SchemaError
 from record.log import LOG_KEY_NAME, Log, entry_line, origin_for
@@ -61,6 +62,7 @@ from record.schema import (
     BODY_MODELS,
     CLEAR_KINDS,
     SCHEMA_VERSION,
+    Continuation,
     Envelope,
     FetchRequest,
     FetchResponse,
@@ -221,7 +223,7 @@ def generate() -> dict[str, str]:
         labels=LABELS,
     )
     env0 = _envelope(0, "stream.opened")
-    body0 = opened.model_dump(mode="json")
+    body0 = opened.model_dump(mode="json", exclude_none=True)  # as the log writes a clear body
     line0, ad0 = entry_line(env0, body0)
     v["entry0_envelope"] = ad0.decode("ascii")
     v["entry0_body"] = canonical_json(body0).decode("utf-8")
@@ -1059,6 +1061,63 @@ def _append_forged_line(bundle: Path) -> None:
     index = json.loads((bundle / "bundle.json").read_bytes())
     index["entries"] = len(lines) + 1
     (bundle / "bundle.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+# --- 5. a stream that continues another: §5.3 Continuation, §12 step 11 --------------------------
+
+
+def test_continuation_members_are_documented(doc_text: str) -> None:
+    table = _member_table(doc_text, "Continuation (the object in `continues`)")
+    assert sorted(table) == sorted(Continuation.model_fields)
+
+
+def test_independent_reader_checks_a_continuation_as_the_reference_does(tmp_path: Path) -> None:
+    """§12 step 11 from the document alone, over real bundles: the link holds against the old
+    stream's bundle, is reported unchecked without it, and a link to another root is
+    ``continuation_broken`` for both readers. (One appliance here: a SQLite file keeps one
+    log key; ``test_continuation.py`` has two, on PostgreSQL.)"""
+    user, signer = KeyPair.generate(), Signer.generate(LOG_KEY_NAME)
+    store = tmp_path / "record.db"
+    question = b"carry on"
+    with Log(SQLiteStore(store), signer) as log:
+        log.open_stream("old", [user.recipient])
+        log.append(
+            "old",
+            TurnStarted(turn=0, input_bytes=question, input_digest=digest(Domain.INPUT, question)),
+        )
+        link = link_to(log.store, "old")
+        spliced = link.model_copy(update={"root": root_digest(log.store.leaf_hashes("old")[:1])})
+        log.open_stream("new", [user.recipient], continues=link)
+        log.open_stream("spliced", [user.recipient], continues=spliced)
+    bundles = {s: tmp_path / s for s in ("old", "new", "spliced")}
+    for stream, bundle in bundles.items():
+        export_stream(store, stream, bundle)
+    pem = user.to_pem()
+
+    report = independent_reader.verify_bundle(
+        bundles["new"], private_key_pem=pem, continued=bundles["old"]
+    )
+    assert report.problems == []
+    assert report.continues == {"stream": "old", "size": 2, "checked": True}
+    assert report.bodies[0]["continues"] == link.model_dump(mode="json")
+    alone = independent_reader.verify_bundle(bundles["new"])
+    assert alone.problems == [] and alone.continues == {
+        "stream": "old",
+        "size": 2,
+        "checked": False,
+    }
+    broken = independent_reader.verify_bundle(bundles["spliced"], continued=bundles["old"])
+    assert broken.codes() == {"continuation_broken"}
+    assert [seq for _, seq, _ in broken.problems] == [0]
+    assert independent_reader.verify_bundle(bundles["old"]).continues is None
+
+    reference = verify_store(store)
+    assert {(p.stream, p.code) for p in reference.problems} == {("spliced", "continuation_broken")}
+    assert reference.continues == {
+        "new": Continues("old", 2, 2, checked=True, holds=True),
+        "spliced": Continues("old", 2, 2, checked=True, holds=False),
+    }
+    assert verify_bundle(bundles["spliced"]).ok  # alone, nothing to check the link against
 
 
 def print_blocks() -> None:  # the generator: python tests/record/test_format_doc.py
