@@ -217,6 +217,14 @@ def continue_session(
     view = read_linked(appliance.store, old, opener)
     store = open_store(appliance.store, readonly=True)
     try:
+        if store.writer_alive(old):
+            lease = store.lease(old)
+            who = f" ({lease.holder}, since {lease.since})" if lease is not None else ""
+            raise CannotContinue(
+                f"{old} is being written right now by its appliance{who}: continue a session "
+                "only once its appliance is gone (stopped, or its process dead), or the "
+                "session would go on twice"
+            )
         link = link_to(store, old)
         cut = take_over(view.bodies, view.offset + link.size, abandon_turn=abandon_turn)
         if cut < view.offset:

@@ -37,7 +37,6 @@ from harness.session import (
     LABEL_SEARCH,
     history,
     labels_at,
-    labels_of,
     read_bodies,
 )
 from harness.tools import (
@@ -177,7 +176,7 @@ def turn_setup(
     from egress_proxy.replay_plan import turn_bodies
 
     sliced = turn_bodies(bodies, turn)
-    started = next(b for _, b in sliced if isinstance(b, TurnStarted))
+    began, started = next((s, b) for s, b in sliced if isinstance(b, TurnStarted))
     ended = next(((s, b) for s, b in sliced if isinstance(b, TurnEnded)), None)
     first = next((b for _, b in sliced if isinstance(b, ModelRequest) and b.request_bytes), None)
     idempotent = {
@@ -187,7 +186,7 @@ def turn_setup(
     return (
         started.input_bytes.decode("utf-8", "surrogateescape"),
         history(bodies, turn),
-        labels_of(bodies),
+        labels_at(bodies, began),  # the labels of the stream the turn began in
         catalogue,
         ended[1] if ended else None,
         ended[0] if ended else None,

@@ -26,8 +26,10 @@ from harness.session import (
     append_event,
     control,
     read_bodies,
+    read_linked,
+    turn_states,
 )
-from harness.state import Home, SessionState
+from harness.state import Home, HomeMissing, SessionState
 from harness.tools import ProxyToolbox
 from record.cli import counted
 from record.digest import Domain, digest
@@ -169,13 +171,22 @@ def reexecute_turn(
     each step's verdict once its tools have run; ``pins_override`` replaces the recorded pins
     (a negative control: its verdicts say what the pins change)."""
     appliance = home.appliance()
-    bodies = read_bodies(appliance.store, stream, key)
+    view = read_linked(appliance.store, stream, key)
+    bodies = view.bodies
     text, past, labels, catalogue, _, _ = turn_setup(bodies, turn)
+    began = next(t.started_seq for t in turn_states(bodies) if t.turn == turn)
+    if began < view.offset:  # this appliance's proxy cannot read the older stream's record
+        raise HomeMissing(
+            f"turn {turn} of {stream} began in {view.streams[-2]}, on another appliance: "
+            "re-executing it needs that appliance's proxy; reconstruct it here with "
+            f"`affidavit replay {stream} {turn} --reconstruct`"
+        )
     recorded = _recorded_steps(bodies, turn)
     pins = pins_before(bodies, turn)
     with control(appliance) as client:
         opened = client.open_session(
-            _recipients(bodies, key),
+            # whoever can read the stream the turn is in (not the older ones it continues)
+            _recipients([(s, b) for s, b in bodies if s >= view.offset], key),
             {
                 LABEL_REPLAYS: stream,
                 LABEL_REPLAYS_TURN: str(turn),

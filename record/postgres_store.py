@@ -128,6 +128,7 @@ _STREAM_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 # key would block each other, and a batch must not wait for its own writer's lease.
 _LEASE_SPACE = 0x4166644C  # "AffL"
 _TRY_LEASE = "SELECT pg_try_advisory_lock(%s, hashtext(%s))"
+_UNLOCK_LEASE = "SELECT pg_advisory_unlock(%s, hashtext(%s))"
 _HAS_RECORD = "SELECT to_regclass('entries') IS NOT NULL"
 # The newest table: a database without it gets the (idempotent) DDL.
 _HAS_SCHEMA = "SELECT to_regclass('leases') IS NOT NULL"
@@ -278,6 +279,14 @@ class PostgresStore(LogStore):
     def lease(self, stream: str) -> Lease | None:
         with self._pool.connection() as conn:
             return _lease_row(conn, stream)
+
+    def writer_alive(self, stream: str) -> bool:
+        # a session of its own: a pooled connection would keep a lock it took
+        with psycopg.connect(self._conninfo, autocommit=True, options=self._options) as conn:
+            if not _fetch_one(conn, _TRY_LEASE, (_LEASE_SPACE, stream)):
+                return True
+            conn.execute(_UNLOCK_LEASE, (_LEASE_SPACE, stream))
+            return False
 
     def set_meta(self, key: str, value: str) -> None:
         with self._writable().connection() as conn, conn.transaction():

@@ -209,7 +209,7 @@ class SQLiteStore(LogStore):
             self._lease_fd = os.open(
                 f"{self.path}-leases", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
             )
-        offset = int.from_bytes(hashlib.sha256(stream.encode()).digest()[:6], "big")
+        offset = _lease_byte(stream)
         deadline = time.monotonic() + wait
         while not _lock_byte(self._lease_fd, offset):
             if time.monotonic() >= deadline:
@@ -248,6 +248,16 @@ class SQLiteStore(LogStore):
 
     def lease(self, stream: str) -> Lease | None:
         return self._lease_row(self._reader(), stream)
+
+    def writer_alive(self, stream: str) -> bool:
+        try:  # a description of its own: closing it lets go of a lock taken to look
+            fd = os.open(f"{self.path}-leases", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False  # no writer ever took a lease here
+        try:
+            return not _lock_byte(fd, _lease_byte(stream))
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _size(conn: sqlite3.Connection, stream: str) -> int:
@@ -346,6 +356,11 @@ class SQLiteStore(LogStore):
             conn.execute(_LEAVE_WAL)
         except sqlite3.OperationalError:
             pass  # busy: someone else has the store open; it stays in WAL mode
+
+
+def _lease_byte(stream: str) -> int:
+    """The byte of ``<file>-leases`` whose lock is ``stream``'s lease."""
+    return int.from_bytes(hashlib.sha256(stream.encode()).digest()[:6], "big")
 
 
 def _lock_byte(fd: int, offset: int) -> bool:

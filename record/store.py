@@ -228,6 +228,12 @@ class LogStore(ABC):
         """The stream's lease row, if it ever had a writer that took one."""
 
     @abstractmethod
+    def writer_alive(self, stream: str) -> bool:
+        """Whether a live process holds the stream's lease right now (its lock, not its
+        row: a crashed writer's row stays, its lock does not). Takes nothing: a lock free at
+        the look is let go at once."""
+
+    @abstractmethod
     def entries(
         self, stream: str, start: int = 0, stop: int | None = None
     ) -> Iterator[StoredEntry]:

@@ -130,26 +130,28 @@ def carried(
     env.pop("AFFIDAVIT_TRACE_PHASES", None)
     os.environ["PGPASSWORD"] = postgres_server.password  # this process's readers, too
     ledger = tmp / "ledger.txt"
+    home_b = Home(tmp / "b" / "home")
     try:
-        with harness_rig(tmp / "a", store=url, ledger=ledger) as a:
-            state = open_session(a.home, PINS, policy=KILL_POLICY)
-            old = state.session_id
-            killed = run_and_kill(a.home, old, "phase tool_done step=0 call=0", 0.0)
-            assert killed.at is not None, f"turn 0 ended before the kill:\n{killed.stderr}"
-            key = KeyPair.read(a.home.user_key_file)
-            read_linked(url, old, key)  # the proxy finishes what the dead client left
-            # the harness dies the moment step 0's reply is committed: no tool call yet
-            resent = open_session(a.home, PINS, policy=KILL_POLICY).session_id
-            with pytest.raises(HarnessDied):
-                run_turn(a.home, resent, "Note, search, note.", on_phase=die_at_commit)
-            # a call whose outcome is unknown: the turn waits for a person's decision
-            unknown = open_session(a.home, PINS, policy=HANG_POLICY).session_id
-            waiting = run_turn(a.home, unknown, "Do the thing once.")
-            assert waiting.outcome == "NEEDS_DECISION", waiting
-        home_b = Home(tmp / "b" / "home")
-        home_b.root.mkdir(parents=True)
-        shutil.copy(a.home.user_key_file, home_b.user_key_file)  # the user's own key
         with harness_rig(tmp / "b", store=url, ledger=ledger) as b:
+            with harness_rig(tmp / "a", store=url, ledger=ledger) as a:
+                state = open_session(a.home, PINS, policy=KILL_POLICY)
+                old = state.session_id
+                killed = run_and_kill(a.home, old, "phase tool_done step=0 call=0", 0.0)
+                assert killed.at is not None, f"turn 0 ended before the kill:\n{killed.stderr}"
+                key = KeyPair.read(a.home.user_key_file)
+                read_linked(url, old, key)  # the proxy finishes what the dead client left
+                # the harness dies the moment step 0's reply is committed: no tool call yet
+                resent = open_session(a.home, PINS, policy=KILL_POLICY).session_id
+                with pytest.raises(HarnessDied):
+                    run_turn(a.home, resent, "Note, search, note.", on_phase=die_at_commit)
+                # a call whose outcome is unknown: the turn waits for a person's decision
+                unknown = open_session(a.home, PINS, policy=HANG_POLICY).session_id
+                waiting = run_turn(a.home, unknown, "Do the thing once.")
+                assert waiting.outcome == "NEEDS_DECISION", waiting
+                shutil.copy(a.home.user_key_file, home_b.user_key_file)  # the user's own key
+                # A is up: its proxy holds the stream's lease
+                alive_refused = cli(home_b, "session", "continue", old, env=env)
+            # A is gone for good; B carries its sessions on
             assert b.home == home_b
             run = cli(home_b, "session", "continue", old, "--json", env=env)
             assert run.returncode == 0, run.stderr
@@ -174,6 +176,11 @@ def carried(
             assert run.returncode == 0, run.stderr + run.stdout
             more["abandoned_turn"] = json.loads(run.stdout)
             more["sessions"] = {"resent": resent, "unknown": unknown}
+            more["alive_refused"] = alive_refused
+            run = cli(home_b, "replay", new, "1", "--json", env=env)
+            assert run.returncode == 0, run.stderr + run.stdout
+            more["reexecuted"] = json.loads(run.stdout)
+            more["reexecute_refused"] = cli(home_b, "replay", new, "0", env=env)
             own_refused = cli(home_b, "session", "continue", new, env=env)
             unknown_refused = cli(home_b, "session", "continue", "no-such-session", env=env)
             yield Carried(
@@ -297,7 +304,7 @@ def test_log_verify_checks_the_link(carried: Carried) -> None:
 def test_what_cannot_be_continued_is_refused(carried: Carried) -> None:
     own = carried.own_refused
     assert own.returncode == 1, own.stdout + own.stderr
-    assert "this appliance's own" in own.stderr
+    assert "is being written right now by its appliance" in own.stderr  # B's own, B is up
     unknown = carried.unknown_refused
     assert unknown.returncode == 3, unknown.stdout + unknown.stderr
     assert "no-such-session" in unknown.stderr
@@ -366,3 +373,27 @@ def test_the_ledger_got_each_committed_note_once(carried: Carried) -> None:
         assert ids and len(set(ids)) == len(ids), (session, ids)
         total += len(ids)
     assert len(carried.ledger.read_text().splitlines()) == total
+
+
+def test_re_execute_runs_a_turn_of_the_new_stream_and_says_why_not_an_older_one(
+    carried: Carried,
+) -> None:
+    """Turn 1 is all B's: B's pinned engine re-executes it, identical step by step. Turn 0
+    began in A's stream, which B's proxy cannot read: refused, pointing to reconstruct."""
+    again = carried.more["reexecuted"]
+    assert again["turn"] == 1 and again["identical"] is True, again
+    assert again["steps"] and all(
+        step["request"] == step["reply"] == "identical" for step in again["steps"]
+    )
+    assert again["live_calls"] == 0  # every tool answered from B's record
+    refused = carried.more["reexecute_refused"]
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "began in" in refused.stderr and "--reconstruct" in refused.stderr
+
+
+def test_a_session_whose_appliance_is_up_is_not_continued(carried: Carried) -> None:
+    """While A runs, its proxy holds the stream's lease: continuing would fork the session."""
+    refused = carried.more["alive_refused"]
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "is being written right now by its appliance" in refused.stderr
+    assert carried.old in refused.stderr

@@ -292,3 +292,29 @@ def _exported(store: Path, stream: str, tmp_path: Path) -> Path:
     out = tmp_path / f"bundle-{stream}"
     export_stream(store, stream, out)
     return out
+
+
+def test_a_live_writer_is_seen_and_a_gone_one_is_not_on_both_stores(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """``writer_alive`` reads the lease's lock, not its row: what ``session continue`` asks
+    before it carries a session on (a live appliance's stream would go on twice)."""
+    assert fleet.b.store.writer_alive(S)  # A's writer holds S's lease
+    assert not fleet.b.store.writer_alive("never-written")
+    fleet.a.close()  # a clean stop lets go
+    assert not fleet.b.store.writer_alive(S)
+    assert fleet.b.store.lease(S) is not None  # the row stays: it is the lock that tells
+
+    user, signer = KeyPair.generate(), Signer.generate(LOG_KEY_NAME)
+    path = tmp_path / "record.db"
+    log = Log(SQLiteStore(path), signer, appliance_key=KeyPair.generate())
+    log.open_stream(S, [user.recipient])
+    reader = SQLiteStore(path, readonly=True)
+    try:
+        assert reader.writer_alive(S)
+        assert not reader.writer_alive("never-written")
+        log.close()
+        assert not reader.writer_alive(S)
+        assert not reader.writer_alive(S)  # looking took nothing
+    finally:
+        reader.close()
