@@ -242,7 +242,11 @@ class PostgresStore(LogStore):
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         pool = self._writable()
         touched = sorted({p.stream for p in entries} | {cp.stream for cp in checkpoints})
-        with pool.connection() as conn, conn.transaction():
+        # Pipeline mode: a statement whose result the batch does not read (the locks, every
+        # insert, the commit) is sent without waiting for the one before it, so a batch
+        # costs the round trips of its reads (leases, sizes) and the commit's, not one per
+        # row. An error still fails the transaction, and raises by the commit at the latest.
+        with pool.connection() as conn, conn.pipeline(), conn.transaction():
             for stream in touched:  # sorted: two batches lock in one order, never deadlock
                 conn.execute(_STREAM_LOCK, (_LOCK_SPACE, stream))
             return write_batch(_Batch(conn), entries, checkpoints, on_built, holder)
