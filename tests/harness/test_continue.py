@@ -183,7 +183,7 @@ def carried(
             more["reexecute_refused"] = cli(home_b, "replay", new, "0", env=env)
             own_refused = cli(home_b, "session", "continue", new, env=env)
             unknown_refused = cli(home_b, "session", "continue", "no-such-session", env=env)
-            yield Carried(
+            made = Carried(
                 old,
                 new,
                 url,
@@ -199,6 +199,20 @@ def carried(
                 b.up.appliance.search_url,
                 more,
             )
+        # B is gone too; A comes back (its own keys) and carries B's stream on: a chain of
+        # three streams, two of them A's
+        with harness_rig(tmp / "a", store=url, ledger=ledger) as a:
+            run = cli(a.home, "session", "continue", new, "--json", env=env)
+            assert run.returncode == 0, run.stderr
+            more["chain"] = json.loads(run.stdout)
+            chained = more["chain"]["session"]
+            run = cli(a.home, "session", "show", chained, "--json", env=env)
+            assert run.returncode == 0, run.stderr
+            more["chain_show"] = json.loads(run.stdout)
+            run = cli(a.home, "replay", chained, "1", "--reconstruct", "--json", env=env)
+            assert run.returncode == 0, run.stderr + run.stdout
+            more["chain_reconstruct"] = json.loads(run.stdout)
+        yield made
     finally:
         postgres_server.drop_database(with_password)
 
@@ -291,6 +305,7 @@ def test_log_verify_checks_the_link(carried: Carried) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
     said = [line.strip() for line in run.stdout.splitlines() if "continues" in line]
     continued = {
+        carried.more["chain"]["session"]: carried.new,
         carried.new: carried.old,
         carried.more["resent"]["session"]: carried.more["sessions"]["resent"],
         carried.more["abandoned"]["session"]: carried.more["sessions"]["unknown"],
@@ -397,3 +412,16 @@ def test_a_session_whose_appliance_is_up_is_not_continued(carried: Carried) -> N
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "is being written right now by its appliance" in refused.stderr
     assert carried.old in refused.stderr
+
+
+def test_a_chain_of_continuations_reads_as_one_session(carried: Carried) -> None:
+    """A continues B's continuation of A's stream: three streams, one session."""
+    chain = carried.more["chain"]
+    assert chain["continues"]["stream"] == carried.new and chain["resume"] is False
+    view = read_linked(carried.store, chain["session"], carried.key)
+    assert view.streams == [carried.old, carried.new, chain["session"]]
+    shown = carried.more["chain_show"]
+    assert [t["turn"] for t in shown["turns"]] == [0, 1]
+    assert [t["outcome"] for t in shown["turns"]] == ["ANSWERED", "ANSWERED"]
+    again = carried.more["chain_reconstruct"]
+    assert again["ok"] is True and again["answer_identical"] is True
