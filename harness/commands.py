@@ -54,6 +54,23 @@ def _missing(exc: Exception) -> typer.Exit:
     return typer.Exit(3)
 
 
+def _connection(h: Any, state: Any) -> Any:
+    """What a client needs to use a session just opened (``session new``, ``continue``)."""
+    from harness.connect import Connection
+
+    appliance = h.appliance()
+    return Connection.of(
+        state.session_id,
+        state.base_url,
+        state.token,
+        appliance.model,
+        state.pins,
+        appliance.mcp_servers,
+        proxy_url=appliance.proxy_url,
+        external_url=appliance.external_url,
+    )
+
+
 def session_status(stored: str, last_turn_open: bool) -> str:
     """A session's status as people see it, text and ``--json`` alike: an open last turn is
     ``interrupted`` (its process is gone, or Ctrl-C stopped it) unless a person must decide;
@@ -287,7 +304,6 @@ def register(app: typer.Typer) -> None:
         """Open a session (pinned or not) and print what a client needs to use it: its id,
         base_url, token and MCP URL."""
         from harness.agent import TurnPolicy
-        from harness.connect import Connection
         from harness.session import open_session
         from harness.state import HomeMissing
         from record.seal import RecipientKey
@@ -314,17 +330,7 @@ def register(app: typer.Typer) -> None:
                 state = open_session(_home(home), pins, keys, policy=TurnPolicy(max_steps, choices))
         except (HomeMissing, KeyError) as exc:
             raise _missing(exc) from None
-        appliance = _home(home).appliance()
-        connection = Connection.of(
-            state.session_id,
-            state.base_url,
-            state.token,
-            appliance.model,
-            state.pins,
-            appliance.mcp_servers,
-            proxy_url=appliance.proxy_url,
-            external_url=appliance.external_url,
-        )
+        connection = _connection(_home(home), state)
         if as_json:
             print(json.dumps(connection.to_json()))
         else:
@@ -359,7 +365,6 @@ def register(app: typer.Typer) -> None:
         """Carry on a session whose appliance is gone, in a new stream on this appliance that
         names OLD and its last checkpoint; an unfinished last turn is then finished with
         `affidavit resume NEW`, serving what OLD recorded."""
-        from harness.connect import Connection
         from harness.continuation import continue_session
         from harness.session import user_key
         from harness.state import HomeMissing
@@ -381,17 +386,7 @@ def register(app: typer.Typer) -> None:
         except (HomeMissing, KeyError) as exc:
             raise _missing(exc) from None
         signed = parse_checkpoint(parse_signed(link.checkpoint.encode()).text)
-        appliance = h.appliance()
-        connection = Connection.of(
-            state.session_id,
-            state.base_url,
-            state.token,
-            appliance.model,
-            state.pins,
-            appliance.mcp_servers,
-            proxy_url=appliance.proxy_url,
-            external_url=appliance.external_url,
-        )
+        connection = _connection(h, state)
         open_turn = _last_turn_open(h, state.session_id, key)
         if as_json:
             doc = connection.to_json()
