@@ -34,12 +34,13 @@ from harness.session import (
     LABEL_POLICY,
     append_event,
     finish_turn,
+    has_stream,
     keep_annotation_checkpoints,
     turn_states,
     user_key,
     wait_settled,
 )
-from harness.state import Home, HomeMissing
+from harness.state import Home, HomeMissing, SessionUnknown
 from harness.tools import (
     ProxyToolbox,
     ReplayMissed,
@@ -312,8 +313,16 @@ def resume_session(
     from egress_proxy.replay import reconstruct_pipeline
     from egress_proxy.replay_plan import turn_bodies
 
-    state = home.session(session_id)
     appliance = home.appliance()
+    try:
+        state = home.session(session_id)
+    except SessionUnknown as exc:
+        if not has_stream(appliance.store, session_id):
+            raise
+        raise SessionUnknown(
+            f"{exc}; the store holds it, written by another appliance: if that one is gone, "
+            f"carry the session on here with `affidavit session continue {session_id}`"
+        ) from None
     opener = key or user_key(home)
     if decision is not None:
         decide(home, session_id, decision, key=opener)

@@ -181,6 +181,7 @@ def carried(
             assert run.returncode == 0, run.stderr + run.stdout
             more["reexecuted"] = json.loads(run.stdout)
             more["reexecute_refused"] = cli(home_b, "replay", new, "0", env=env)
+            more["resume_old"] = cli(home_b, "resume", old, env=env)
             own_refused = cli(home_b, "session", "continue", new, env=env)
             unknown_refused = cli(home_b, "session", "continue", "no-such-session", env=env)
             made = Carried(
@@ -425,3 +426,9 @@ def test_a_chain_of_continuations_reads_as_one_session(carried: Carried) -> None
     assert [t["outcome"] for t in shown["turns"]] == ["ANSWERED", "ANSWERED"]
     again = carried.more["chain_reconstruct"]
     assert again["ok"] is True and again["answer_identical"] is True
+
+
+def test_resuming_the_other_appliances_session_points_to_continue(carried: Carried) -> None:
+    run = carried.more["resume_old"]
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert f"affidavit session continue {carried.old}" in run.stderr
