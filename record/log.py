@@ -31,6 +31,7 @@ import os
 import queue
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -78,6 +79,10 @@ from record.store import (
 LOG_KEY_NAME = "affidavit-log"
 _STREAM_NAME: TypeAdapter[str] = TypeAdapter(StreamName)
 _MAX_BATCH = 256
+#: At most how long a batch waits for the appenders the batch before it had (``Log._run``).
+_LINGER_S = 0.001
+#: The last batch's size from which the next one lingers (below it: a lone caller or two).
+_LINGER_FROM = 4
 
 
 def origin_for(signer: Signer, stream: str) -> str:
@@ -411,21 +416,29 @@ class Log:
         return epoch, None
 
     def _run(self) -> None:
+        last = 1  # the size of the batch before: how many appenders are waiting on us
         while True:
             first = self._queue.get()
             if first is None:
                 return
             batch = [first]
             stop = False
+            # Group commit that waits for the crowd it saw: when the last batch had many
+            # appenders, those just answered are still on their way back with their next
+            # entry; a short wait for them makes one commit (and one signature) of what
+            # would be two. One caller, or a proxy call's couple of entries, never waits.
+            linger = time.monotonic() + _LINGER_S if last >= _LINGER_FROM else 0.0
             while len(batch) < _MAX_BATCH:
+                wait = linger - time.monotonic() if len(batch) < last else 0.0
                 try:
-                    item = self._queue.get_nowait()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:
                     stop = True
                     break
                 batch.append(item)
+            last = len(batch)
             try:
                 self._commit(batch)
             except BaseException as exc:  # a fault no one request owns: fail the batch, go on
