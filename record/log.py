@@ -2,8 +2,10 @@
 
 Every append goes through one writer thread. Appenders that arrive while a commit is in
 flight queue up and are written together in the next transaction (group commit), so 16
-concurrent appenders cost one fsync per batch rather than sixteen. An append returns only
-once its transaction is durable.
+concurrent appenders cost one fsync per batch rather than sixteen. After a batch of four or
+more, the next one waits up to 1 ms for as many again (the appenders just answered are on
+their way back), so batches stay whole instead of halving; a lone appender never waits. An
+append returns only once its transaction is durable.
 
 Inside the transaction each entry gets its ``seq``; only then can it be built, because the
 envelope (``seq`` included) is the AEAD associated data and the Merkle leaf covers the whole

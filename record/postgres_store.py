@@ -20,7 +20,7 @@ checkpoints, so the record is append-only to anyone who does not drop the trigge
 Group commit comes from two places, neither of them new here. Within one appliance,
 ``record.log.Log`` queues every appender of the store on its writer thread and writes what
 arrived during a commit as the next batch, one transaction, so one WAL flush covers many
-entries. Across appliances sharing one server, PostgreSQL groups concurrent commits itself:
+entries; the batch goes in pipeline mode, so its inserts cost no round trip each. Across appliances sharing one server, PostgreSQL groups concurrent commits itself:
 the backend that flushes the WAL flushes every commit record written so far, so those
 waiting behind it find theirs already durable; ``commit_delay``/``commit_siblings`` (server
 settings, off by default) make it wait a little to gather more.
