@@ -201,6 +201,8 @@ class SessionRow:
     model: str | None = None
     first_input: str | None = None  # what the session was first asked (None: no turn)
     replayed_by: list[SessionRow] = field(default_factory=list)  # its replay streams
+    continues: str | None = None  # the other appliance's stream this one carries on
+    continues_size: int | None = None  # how many of that stream's entries it took over
 
     @property
     def pinned(self) -> bool:
@@ -226,6 +228,7 @@ def session_row(
     record, opened = read if read is not None else read_stream(source, stream)
     first = record.stream_opened()
     labels = dict(first.labels) if first else {}
+    link = first.continues if first else None
     turns = (
         sum(isinstance(b, TurnStarted) for _, b in opened.bodies) if opened is not None else None
     )
@@ -248,6 +251,8 @@ def session_row(
         opened.key_name if opened else None,
         labels.get("affidavit/model"),
         first_input,
+        continues=link.stream if link else None,
+        continues_size=link.size if link else None,
     )
 
 
