@@ -36,7 +36,13 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from harness.state import Home, HomeError, SessionState
-from record.continuation import LinkBroken, check_link_in, link_to, root_digest
+from record.continuation import (
+    LinkBroken,
+    check_link_in,
+    continued_by,
+    link_to,
+    root_digest,
+)
 from record.schema import (
     Continuation,
     FetchRequest,
@@ -225,12 +231,19 @@ def continue_session(
                 "only once its appliance is gone (stopped, or its process dead), or the "
                 "session would go on twice"
             )
+        already = continued_by(store, old)
+        if already:
+            raise CannotContinue(
+                f"{old} is already carried on by {', '.join(already)}: continue "
+                f"{already[-1]} instead, or the session would go on twice"
+            )
         link = link_to(store, old)
         cut = take_over(view.bodies, view.offset + link.size, abandon_turn=abandon_turn)
         if cut < view.offset:
             raise CannotContinue(
-                f"the turn to give up began in {view.streams[-2]}, before {old}: "
-                f"continue {view.streams[-2]} instead"
+                f"the turn to give up began in {view.streams[-2]}, before {old} took the "
+                "session over: a continuation gives up only a turn begun in the stream it "
+                "continues"
             )
         if cut - view.offset < link.size:
             size = cut - view.offset

@@ -24,7 +24,15 @@ from record.errors import SchemaError
 from record.schema import Continuation, StreamOpened, parse_entry
 from record.store import LogStore
 
-__all__ = ["LinkBroken", "check_link", "check_link_in", "link_to", "opening_of", "root_digest"]
+__all__ = [
+    "LinkBroken",
+    "check_link",
+    "check_link_in",
+    "continued_by",
+    "link_to",
+    "opening_of",
+    "root_digest",
+]
 
 
 class LinkBroken(ValueError):
@@ -46,6 +54,23 @@ def opening_of(store: LogStore, stream: str) -> StreamOpened:
         return StreamOpened.model_validate(entry.body, strict=True)
     except (SchemaError, ValueError) as exc:
         raise LinkBroken(f"stream {stream!r} does not open with a stream.opened: {exc}") from None
+
+
+def continued_by(store: LogStore, stream: str) -> list[str]:
+    """The streams of ``store`` whose opening continues ``stream``. One read of every
+    stream's first entry: a command's question, not a hot path."""
+    found = []
+    for other in store.streams():
+        first = next(iter(store.entries(other, 0, 1)), None)
+        if first is None or b'"continues":' not in first.line:
+            continue  # most openings: no need to parse
+        try:
+            opened = StreamOpened.model_validate(parse_entry(first.line).body, strict=True)
+        except (SchemaError, ValueError):
+            continue  # not a readable opening: the audit names it
+        if opened.continues is not None and opened.continues.stream == stream:
+            found.append(other)
+    return found
 
 
 def link_to(store: LogStore, stream: str) -> Continuation:

@@ -182,6 +182,7 @@ def carried(
             more["reexecuted"] = json.loads(run.stdout)
             more["reexecute_refused"] = cli(home_b, "replay", new, "0", env=env)
             more["resume_old"] = cli(home_b, "resume", old, env=env)
+            more["fork_refused"] = cli(home_b, "session", "continue", old, env=env)
             own_refused = cli(home_b, "session", "continue", new, env=env)
             unknown_refused = cli(home_b, "session", "continue", "no-such-session", env=env)
             made = Carried(
@@ -432,3 +433,10 @@ def test_resuming_the_other_appliances_session_points_to_continue(carried: Carri
     run = carried.more["resume_old"]
     assert run.returncode == 3, run.stdout + run.stderr
     assert f"affidavit session continue {carried.old}" in run.stderr
+
+
+def test_a_stream_already_carried_on_is_not_carried_on_twice(carried: Carried) -> None:
+    run = carried.more["fork_refused"]
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"already carried on by {carried.new}" in run.stderr
+    assert f"continue {carried.new} instead" in run.stderr
