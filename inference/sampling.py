@@ -16,8 +16,10 @@ Hugging Face's samplers: mask, temperature, top-k, top-p (nucleus over the sorte
 keeping at least one token), renormalise, draw.
 
 Cost per token, one thread: about 0.05 ms at the tiny model's 768 tokens; at 152k, 0.5 ms
-greedy, 3 ms with top-k (a selection, then a sort of the few candidates), 25 ms for the
-full distribution (a stable sort of the whole vocabulary, the price of the fixed order).
+greedy, 3 ms with top-k (a selection, then a sort of the few candidates), and for the
+full distribution a stable sort of the whole vocabulary, the price of the fixed order: the
+probabilities are sorted as integers (their bit patterns order as they do), about three
+times as fast as a float sort with the same order, ties included.
 
 Temperature 0 is greedy: the allowed token with the highest logit, ties to the lowest id.
 It still consumes its draw, so a stream's draws stay aligned with its token count.
@@ -165,6 +167,9 @@ def _head(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     lowest id. Sorts only the candidates at or above the ``n``-th value, all ties included,
     so top-k and top-logprobs cost a selection, not a sort of the whole vocabulary.
     """
+    if values.dtype == torch.float64 and n * 8 >= values.numel() and bool((values >= 0).all()):
+        order = _descending(values)  # most of the vocabulary: one fast sort of it all
+        return values[order[:n]], order[:n]
     candidates = None
     if n < values.numel():
         nth = torch.topk(values, n).values[-1]  # the value is unique whatever topk's ties
@@ -173,6 +178,16 @@ def _head(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     sorted_values, order = torch.sort(values, descending=True, stable=True)
     ids = order if candidates is None else candidates[order]
     return sorted_values[:n], ids[:n]
+
+
+def _descending(values: torch.Tensor) -> torch.Tensor:
+    """The ids of non-negative float64 ``values`` in the order of a stable descending sort,
+    through integer keys: a non-negative double's bit pattern, read as an int64, orders as
+    the double does, so the negated patterns sorted ascending (stable: ties by id) give the
+    same order, ties included, and torch sorts integers about three times as fast as floats.
+    ``+ 0.0`` turns a ``-0.0`` into ``+0.0``, which the float sort holds equal to it."""
+    keys = torch.neg((values + 0.0).view(torch.int64))
+    return torch.sort(keys, stable=True).indices
 
 
 def _real(value: object) -> bool:

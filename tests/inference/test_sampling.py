@@ -278,3 +278,28 @@ def test_the_tiny_model_replays_a_seed_alone_or_beside_another(tiny_model: Decod
     together = generate({22: [9, 9], 21: [5, 6, 7]}, 20)
     assert together[21] == alone[21]
     assert together[22] != alone[21]
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 768, 49152])
+def test_probabilities_sort_as_integers_in_the_float_sorts_order_ties_included(vocab: int) -> None:
+    """``_descending`` (the integer-key sort of the full distribution) against torch's stable
+    descending float sort: the same ids in the same order, on ties, zeros, ``-0.0``,
+    subnormals and ones."""
+    from inference.sampling import _descending
+
+    generator = torch.Generator().manual_seed(vocab)
+    for trial in range(40):
+        logits = torch.randn(vocab, generator=generator, dtype=torch.float64) * (trial % 9)
+        if trial % 3 == 0:
+            logits[::2] = logits[0]  # ties
+        if trial % 4 == 0:
+            logits[::5] = -math.inf  # masked: probability 0
+        probs = torch.softmax(logits, dim=0)
+        if trial % 5 == 0 and vocab > 2:
+            probs[1] = -0.0
+            probs[2] = 5e-324  # the smallest subnormal
+        if trial == 7:
+            probs = torch.zeros(vocab, dtype=torch.float64)
+            probs[-1] = 1.0
+        expected = torch.sort(probs, descending=True, stable=True).indices
+        assert torch.equal(_descending(probs), expected), (vocab, trial)
