@@ -65,7 +65,6 @@ __all__ = [
     "CannotContinue",
     "Linked",
     "continue_session",
-    "link_of",
     "linked",
     "pins_of",
     "take_over",
@@ -195,12 +194,6 @@ def take_over(
     return size
 
 
-def link_of(bodies: Sequence[tuple[int, Strict]]) -> Continuation | None:
-    """The link a stream's own opening names, if it continues one."""
-    opened = bodies[0][1] if bodies else None
-    return opened.continues if isinstance(opened, StreamOpened) else None
-
-
 def continue_session(
     home: Home,
     old: str,
@@ -254,7 +247,7 @@ def continue_session(
     finally:
         store.close()
     taken = [(s, b) for s, b in view.bodies if s < cut]
-    opening = view.bodies[view.offset][1] if len(view.bodies) > view.offset else None
+    opening = next((b for s, b in view.bodies if s == view.offset), None)  # old's own
     labels = dict(opening.labels) if isinstance(opening, StreamOpened) else {}
     # the search endpoint is this appliance's to choose, as for any session it opens
     labels.pop(LABEL_SEARCH, None)

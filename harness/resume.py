@@ -62,9 +62,25 @@ from record.schema import (
 )
 from record.seal import KeyPair
 
-__all__ = ["NotWaiting", "ResumeOutcome", "decide", "resume_session", "stopped_at"]
+__all__ = [
+    "NotWaiting",
+    "ResumeOutcome",
+    "UnsendableCall",
+    "decide",
+    "resume_session",
+    "stopped_at",
+]
 
 Decision = Literal["retry", "skip", "abort"]
+
+
+class UnsendableCall(CannotContinue):
+    """A call of a reply served from an older stream, with no answer there: this appliance's
+    proxy admits only calls its own stream's replies asked for (exit 1)."""
+
+    def __init__(self, message: str, tool: str, call_id: str) -> None:
+        super().__init__(message)
+        self.tool, self.call_id = tool, call_id
 
 
 class NotWaiting(ValueError):
@@ -214,11 +230,12 @@ class _ResumeToolbox:
 
     def _live(self, spec: ToolSpec, arguments: bytes, reply_seq: int, call_id: str) -> ToolOutput:
         if self.refuse_live is not None and self.refuse_live():
-            raise CannotContinue(
+            raise UnsendableCall(
                 f"{spec.name}: call {call_id} was asked by a reply recorded in {self.older} "
                 "and has no answer there; this appliance can only send calls its own stream's "
-                "replies asked for. Nothing was sent or recorded: continue the older session "
-                "again with --abandon-turn"
+                "replies asked for. Nothing was sent or recorded; the turn can only be given up",
+                spec.name,
+                call_id,
             )
         self.sent_live += 1
         return self.live.call(spec, arguments, reply_seq=reply_seq, call_id=call_id)
@@ -276,6 +293,13 @@ def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | No
         raise NotWaiting(f"session {session_id} is not waiting for a decision")
     appliance = home.appliance()
     opener = key or user_key(home)
+    if state.pending.get("unsendable"):  # a call this appliance may not send: nothing to record
+        if decision != "abort":
+            raise NotWaiting(
+                f"session {session_id}: the call it stopped on can only be given up: "
+                f"affidavit resume {session_id} --decide abort"
+            )
+        return -1
     view = wait_settled(appliance.store, session_id, opener, timeout=5)
     bodies = view.bodies
     turn = turn_states(bodies)[-1].turn
@@ -381,6 +405,11 @@ def resume_session(
     )
     try:
         result = agent.run_turn(turn, past, text)
+    except UnsendableCall as exc:  # nothing was sent or recorded; only giving up is left
+        state.status = "needs_decision"
+        state.pending = {"unsendable": True, "tool": exc.tool, "call_id": exc.call_id}
+        home.save_session(state)
+        raise CannotContinue(f"{exc}: affidavit resume {session_id} --decide abort") from None
     finally:
         api.close()
         transport.close()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness.continuation import CannotContinue, take_over
-from harness.resume import _ResumeToolbox
+from harness.resume import UnsendableCall, _ResumeToolbox
 from harness.tools import ToolSpec
 from record.digest import Domain, digest
 from record.schema import (
@@ -164,7 +164,8 @@ def test_resume_refuses_to_send_a_call_an_older_streams_reply_asked() -> None:
         refuse_live=lambda: served_phase,
         older="old-stream",
     )
-    with pytest.raises(CannotContinue) as info:
+    with pytest.raises(UnsendableCall) as info:
         toolbox.call(spec, b"{}", reply_seq=2, call_id="call-x")
     assert "old-stream" in str(info.value) and "Nothing was sent" in str(info.value)
+    assert (info.value.tool, info.value.call_id) == ("ledger__append_note", "call-x")
     assert toolbox.sent_live == 0
