@@ -11,10 +11,10 @@ Every app has its own ``CollectorRegistry`` (never the process-global one), serv
 
 Added latency is time in the proxy less time in the upstream, for the same call:
 ``(client's last byte − call start) − (upstream's last byte − dial start)``; added time to
-first byte likewise with first bytes. The call starts when the request reaches the app
-(``ProxyMetrics.arrivals``, the outermost middleware), so routing, reading the body and
-finding the session count too, as a client sees them; only the HTTP server's own parsing
-and the network before it are outside. Both are observed only when the client reads its reply
+first byte likewise with first bytes. The call starts when the request's first bytes reach
+the HTTP server (:class:`ArrivalStamped`, handed on by ``ProxyMetrics.arrivals``, the
+outermost middleware), so parsing, routing, reading the body and finding the session count
+too, as a client sees them; only the network before it is outside. Both are observed only when the client reads its reply
 to the end. The two halves find each other through a context variable: the pipeline runs in
 one task, the capture that reads the upstream's body in a task it spawned (a copy of the
 context holding the same ``_Timing``).
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from egress_proxy.errors import ProxyError, UpstreamUnavailable
 from egress_proxy.transports.base import Transport, UpstreamRequest, UpstreamResponse
@@ -77,15 +78,42 @@ _TIMING: ContextVar[_Timing | None] = ContextVar("affidavit_proxy_timing", defau
 _ARRIVED: ContextVar[float | None] = ContextVar("affidavit_proxy_arrived", default=None)
 
 
+#: The scope key where :class:`ArrivalStamped` leaves when a request's first bytes came in.
+ARRIVED_KEY = "affidavit.arrived"
+
+
+class ArrivalStamped(H11Protocol):
+    """uvicorn's h11 protocol, noting when each request's first bytes reached the server.
+
+    The ASGI app sees a request only once its head is parsed and its task has had its turn
+    on the loop; the client has been waiting since its first byte arrived. Stamped here, the
+    added-latency figure counts that wait, the parsing and the scheduling too, as a client
+    sees them (``bench/proxy_overhead.py`` compares the two)."""
+
+    _first_bytes: float | None = None
+
+    def data_received(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if self._first_bytes is None and (self.cycle is None or self.cycle.response_complete):
+            self._first_bytes = now  # bytes of a new request: its clock starts here
+        cycle = self.cycle
+        super().data_received(data)
+        if self.cycle is not cycle and self.cycle is not None:  # the head is whole: a request
+            self.cycle.scope[ARRIVED_KEY] = self._first_bytes or now  # type: ignore[literal-required]
+            self._first_bytes = None
+
+
 class _Arrivals:
-    """Raw ASGI: stamps each HTTP request's arrival for the call it becomes."""
+    """Raw ASGI: stamps each HTTP request's arrival for the call it becomes (the server's
+    stamp of its first bytes when :class:`ArrivalStamped` serves it, else now)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            _ARRIVED.set(time.perf_counter())
+            stamped = scope.get(ARRIVED_KEY)
+            _ARRIVED.set(stamped if isinstance(stamped, float) else time.perf_counter())
         await self.app(scope, receive, send)
 
 

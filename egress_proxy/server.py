@@ -30,6 +30,7 @@ from egress_proxy.collateral import Collateral, CollateralFetcher
 from egress_proxy.config import ProxyConfig
 from egress_proxy.control import ControlPlane
 from egress_proxy.errors import UpstreamUnavailable
+from egress_proxy.metrics import ArrivalStamped
 from egress_proxy.recovery import Recovered, recover_unknown
 from egress_proxy.session_book import SessionBook
 from egress_proxy.sessions import Restored, Session, SessionRegistry
@@ -84,6 +85,7 @@ class ProxyServer:
                 access_log=False,
                 lifespan="on",
                 timeout_keep_alive=KEEP_ALIVE_S,
+                http=ArrivalStamped,  # h11, as uvicorn's default here, plus the arrival stamp
             )
         )
         self._thread: threading.Thread | None = None

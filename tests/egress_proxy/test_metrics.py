@@ -169,6 +169,39 @@ def _global_names() -> Iterator[str]:
         yield family.name
 
 
+def test_added_latency_counts_from_the_first_bytes_of_the_request(fresh: Rig) -> None:
+    """The clock starts when the request's first bytes reach the server, not when its head
+    is parsed: a head that trickles in over 0.3 s (the proxy's own HTTP server reading it)
+    is time the client waited, and the histogram says so."""
+    rig = fresh
+    url = rig.proxy.url
+    session = rig.open_session()
+    rig.upstream.queue.append(Script(chunks=[REPLY]))
+    before = scrape(url)
+    target = httpx.URL(f"{session.openai_base_url}/chat/completions")
+    head = (
+        f"POST {target.raw_path.decode()} HTTP/1.1\r\nhost: {target.host}:{target.port}\r\n"
+        f"authorization: Bearer {session.token}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(CHAT)}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection((target.host, target.port), timeout=20) as sock:
+        sock.sendall(head[:20])  # the request line, cut short
+        time.sleep(0.3)
+        sock.sendall(head[20:] + CHAT)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    after = wait_for(
+        url, "affidavit_proxy_outcomes_total", 1, upstream="openai", outcome="COMMITTED"
+    )
+    name = "affidavit_proxy_added_latency_seconds"
+    added = value(after, f"{name}_sum", upstream="openai") - value(
+        before, f"{name}_sum", upstream="openai"
+    )
+    assert 0.3 <= added < 5.0, added
+
+
 def test_added_latency_counts_from_the_requests_arrival(fresh: Rig) -> None:
     """The call starts when the request reaches the app, not once its body is parsed: a body
     that trickles in over 0.3 s (read by the proxy before it dials) is time the client waited
