@@ -415,15 +415,23 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOption = False,
     ) -> None:
         """A session's turns, status (needs_decision included) and kept checkpoints."""
-        from harness.session import read_bodies, turn_states, user_key
+        from harness.session import read_linked, turn_states, user_key
         from harness.state import HomeMissing
+        from record.backends import open_store
+        from record.continuation import continued_by
 
         h = _home(home)
         try:
             state = h.session(session)
-            bodies = read_bodies(home_store(h.root), session, user_key(h, key))
+            view = read_linked(home_store(h.root), session, user_key(h, key))
         except HomeMissing as exc:
             raise _missing(exc) from None
+        bodies = view.bodies
+        store = open_store(home_store(h.root), readonly=True)
+        try:
+            carried_on = continued_by(store, session)  # by another appliance, its appliance gone
+        finally:
+            store.close()
         turns: list[dict[str, Any]] = [
             {
                 "turn": t.turn,
@@ -448,6 +456,8 @@ def register(app: typer.Typer) -> None:
             "base_url": state.base_url,
             "turns": turns,
             "checkpoints": [str(p) for p in h.checkpoints(session)],
+            "continues": view.streams[:-1],  # the streams it carries on, oldest first
+            "continued_by": carried_on,
         }
         if as_json:
             print(json.dumps(doc, indent=2))
@@ -455,9 +465,20 @@ def register(app: typer.Typer) -> None:
         print(
             f"session {session}  status {status}  pins {json.dumps(state.pins) if state.pins else 'none'}"
         )
-        if status == "interrupted":
+        if view.streams[:-1]:
+            print(f"  carries on {' then '.join(view.streams[:-1])} (another appliance's)")
+        if carried_on:
+            print(
+                f"  carried on in {', '.join(carried_on)}, by another appliance: it goes on there"
+            )
+        elif status == "interrupted":
             print(f"  turn {turns[-1]['turn']} did not end: affidavit resume {session}")
-        if state.pending:
+        if state.pending and state.pending.get("unsendable"):
+            print(
+                f"  stopped on {state.pending.get('tool')} call {state.pending.get('call_id')}, "
+                f"which this appliance may not send: affidavit resume {session} --decide abort"
+            )
+        elif state.pending:
             print(
                 f"  waits for a decision on {state.pending.get('tool')} call {state.pending.get('call_id')}:"
             )

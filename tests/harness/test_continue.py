@@ -211,6 +211,9 @@ def carried(
             run = cli(a.home, "session", "show", chained, "--json", env=env)
             assert run.returncode == 0, run.stderr
             more["chain_show"] = json.loads(run.stdout)
+            run = cli(a.home, "session", "show", old, env=env)  # A's first, as A's home has it
+            assert run.returncode == 0, run.stderr
+            more["old_show"] = run.stdout
             run = cli(a.home, "replay", chained, "1", "--reconstruct", "--json", env=env)
             assert run.returncode == 0, run.stderr + run.stdout
             more["chain_reconstruct"] = json.loads(run.stdout)
@@ -423,6 +426,7 @@ def test_a_chain_of_continuations_reads_as_one_session(carried: Carried) -> None
     view = read_linked(carried.store, chain["session"], carried.key)
     assert view.streams == [carried.old, carried.new, chain["session"]]
     shown = carried.more["chain_show"]
+    assert shown["continues"] == [carried.old, carried.new] and shown["continued_by"] == []
     assert [t["turn"] for t in shown["turns"]] == [0, 1]
     assert [t["outcome"] for t in shown["turns"]] == ["ANSWERED", "ANSWERED"]
     again = carried.more["chain_reconstruct"]
@@ -440,3 +444,11 @@ def test_a_stream_already_carried_on_is_not_carried_on_twice(carried: Carried) -
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"already carried on by {carried.new}" in run.stderr
     assert f"continue {carried.new} instead" in run.stderr
+
+
+def test_the_old_session_says_where_it_goes_on(carried: Carried) -> None:
+    """In A's home its first session's turn never ended there; ``session show`` says it is
+    carried on elsewhere rather than asking for a resume A may no longer do."""
+    shown = carried.more["old_show"]
+    assert f"carried on in {carried.new}, by another appliance" in shown
+    assert "affidavit resume" not in shown
