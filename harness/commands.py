@@ -54,6 +54,16 @@ def _missing(exc: Exception) -> typer.Exit:
     return typer.Exit(3)
 
 
+def _recipient_keys(texts: list[str]) -> list[Any]:
+    """``--recipient`` values as keys (a bad one: a usage error naming the option)."""
+    from record.seal import RecipientKey
+
+    try:
+        return [RecipientKey.from_text(text) for text in texts]
+    except Exception as exc:
+        raise typer.BadParameter(f"not a recipient key: {exc}", param_hint="--recipient") from None
+
+
 def _connection(h: Any, state: Any) -> Any:
     """What a client needs to use a session just opened (``session new``, ``continue``)."""
     from harness.connect import Connection
@@ -306,18 +316,12 @@ def register(app: typer.Typer) -> None:
         from harness.agent import TurnPolicy
         from harness.session import open_session
         from harness.state import HomeMissing
-        from record.seal import RecipientKey
 
         if as_json and as_env:
             raise typer.BadParameter("choose one of --json and --env", param_hint="--env")
         pins = parse_pins(pin)
         choices = parse_tool_choices(tool_choice)
-        try:
-            keys = [RecipientKey.from_text(text) for text in recipient]
-        except Exception as exc:
-            raise typer.BadParameter(
-                f"not a recipient key: {exc}", param_hint="--recipient"
-            ) from None
+        keys = _recipient_keys(recipient)
         if replay_of is not None and pins:
             raise typer.BadParameter("a replay takes the recorded pins", param_hint="--pin")
         try:
@@ -370,14 +374,8 @@ def register(app: typer.Typer) -> None:
         from harness.state import HomeMissing
         from record.checkpoint import parse_checkpoint
         from record.checkpoint import parse_note as parse_signed
-        from record.seal import RecipientKey
 
-        try:
-            keys = [RecipientKey.from_text(text) for text in recipient]
-        except Exception as exc:
-            raise typer.BadParameter(
-                f"not a recipient key: {exc}", param_hint="--recipient"
-            ) from None
+        keys = _recipient_keys(recipient)
         h = _home(home)
         try:
             state, link = continue_session(
