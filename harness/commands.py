@@ -369,7 +369,7 @@ def register(app: typer.Typer) -> None:
         """Carry on a session whose appliance is gone, in a new stream on this appliance that
         names OLD and its last checkpoint; an unfinished last turn is then finished with
         `affidavit resume NEW`, serving what OLD recorded."""
-        from harness.continuation import continue_session
+        from harness.carry_on import continue_session
         from harness.session import user_key
         from harness.state import HomeMissing
         from record.checkpoint import parse_checkpoint

@@ -1,9 +1,10 @@
 """A session carried on from another appliance's stream: one session, two streams.
 
 A stream is written by the appliance that opened it, for life (``record.log``). When that
-appliance is gone, ``affidavit session continue OLD`` opens a stream on this appliance whose
-``stream.opened`` names OLD (``record.continuation``): OLD's last signed checkpoint, and how
-many of OLD's entries the new stream takes over (``size``) with their Merkle root.
+appliance is gone, ``affidavit session continue OLD`` (``harness.carry_on``) opens a stream
+on this appliance whose ``stream.opened`` names OLD (``record.continuation``): OLD's last
+signed checkpoint, and how many of OLD's entries the new stream takes over (``size``) with
+their Merkle root.
 
 To the harness the two streams are one session. :func:`linked` reads OLD's entries up to the
 link's ``size``, then the new stream's, each ``seq`` moved up by that size, and so is every
@@ -35,16 +36,9 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from harness.state import Home, HomeError, SessionState
-from record.continuation import (
-    LinkBroken,
-    check_link_in,
-    continued_by,
-    link_to,
-    root_digest,
-)
+from harness.state import HomeError
+from record.continuation import LinkBroken, check_link_in
 from record.schema import (
-    Continuation,
     FetchRequest,
     FetchResponse,
     ModelRequest,
@@ -58,13 +52,12 @@ from record.schema import (
     TurnEnded,
     TurnStarted,
 )
-from record.seal import KeyPair, RecipientKey
+from record.seal import KeyPair
 
 __all__ = [
     "MAX_HOPS",
     "CannotContinue",
     "Linked",
-    "continue_session",
     "linked",
     "pins_of",
     "take_over",
@@ -192,71 +185,3 @@ def take_over(
             "--abandon-turn carries the session on from before that turn instead"
         )
     return size
-
-
-def continue_session(
-    home: Home,
-    old: str,
-    *,
-    key: KeyPair | None = None,
-    recipients: Sequence[RecipientKey] = (),
-    abandon_turn: bool = False,
-) -> tuple[SessionState, Continuation]:
-    """Carry session ``old`` (another appliance's stream, in this appliance's store) on in a
-    new stream here: sealed to the user's key and ``recipients``, with ``old``'s labels and
-    the pins in force where the link stops. If ``old``'s last turn did not end and is taken
-    over, the new session's first command is ``resume``."""
-    import grpc
-
-    from harness.session import LABEL_SEARCH, open_session, read_linked, user_key
-    from record.backends import open_store
-
-    appliance = home.appliance()
-    opener = key or user_key(home)
-    view = read_linked(appliance.store, old, opener)
-    store = open_store(appliance.store, readonly=True)
-    try:
-        if store.writer_alive(old):
-            lease = store.lease(old)
-            who = f" ({lease.holder}, since {lease.since})" if lease is not None else ""
-            raise CannotContinue(
-                f"{old} is being written right now by its appliance{who}: continue a session "
-                "only once its appliance is gone (stopped, or its process dead), or the "
-                "session would go on twice"
-            )
-        already = continued_by(store, old)
-        if already:
-            raise CannotContinue(
-                f"{old} is already carried on by {', '.join(already)}: continue "
-                f"{already[-1]} instead, or the session would go on twice"
-            )
-        link = link_to(store, old)
-        cut = take_over(view.bodies, view.offset + link.size, abandon_turn=abandon_turn)
-        if cut < view.offset:
-            raise CannotContinue(
-                f"the turn to give up began in {view.streams[-2]}, before {old} took the "
-                "session over: a continuation gives up only a turn begun in the stream it "
-                "continues"
-            )
-        if cut - view.offset < link.size:
-            size = cut - view.offset
-            leaves = store.leaf_hashes(old, size)
-            link = link.model_copy(update={"size": size, "root": root_digest(leaves)})
-    except LinkBroken as exc:
-        raise CannotContinue(f"{old} cannot be continued: {exc}") from None
-    finally:
-        store.close()
-    taken = [(s, b) for s, b in view.bodies if s < cut]
-    opening = next((b for s, b in view.bodies if s == view.offset), None)  # old's own
-    labels = dict(opening.labels) if isinstance(opening, StreamOpened) else {}
-    # the search endpoint is this appliance's to choose, as for any session it opens
-    labels.pop(LABEL_SEARCH, None)
-    if appliance.search_url:
-        labels[LABEL_SEARCH] = appliance.search_url
-    try:
-        state = open_session(home, pins_of(taken), recipients, labels=labels, continues=link)
-    except grpc.RpcError as exc:  # the proxy checks the link again, against the store
-        if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
-            raise
-        raise CannotContinue(f"the proxy refused to continue {old}: {exc.details()}") from None
-    return state, link
