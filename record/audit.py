@@ -485,7 +485,7 @@ def _check_continuation(
         try:
             checked = links(link)
         except LinkBroken as exc:
-            out.add(CONTINUATION_BROKEN, seq, f"continues {link.stream!r}: {exc}")
+            out.add("continuation_broken", seq, f"continues {link.stream!r}: {exc}")
             checked, holds = True, False
         else:
             holds = True if checked else None
