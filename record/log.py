@@ -418,7 +418,7 @@ class Log:
         return epoch, None
 
     def _run(self) -> None:
-        last = 1  # the size of the batch before: how many appenders are waiting on us
+        crowd = 1  # how many appenders are waiting on us, as far as the last batch showed
         while True:
             first = self._queue.get()
             if first is None:
@@ -429,9 +429,9 @@ class Log:
             # appenders, those just answered are still on their way back with their next
             # entry; a short wait for them makes one commit (and one signature) of what
             # would be two. One caller, or a proxy call's couple of entries, never waits.
-            linger = time.monotonic() + _LINGER_S if last >= _LINGER_FROM else 0.0
+            linger = time.monotonic() + _LINGER_S if crowd >= _LINGER_FROM else 0.0
             while len(batch) < _MAX_BATCH:
-                wait = linger - time.monotonic() if len(batch) < last else 0.0
+                wait = linger - time.monotonic() if len(batch) < crowd else 0.0
                 try:
                     item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
@@ -440,13 +440,16 @@ class Log:
                     stop = True
                     break
                 batch.append(item)
-            last = len(batch)
             try:
                 self._commit(batch)
             except BaseException as exc:  # a fault no one request owns: fail the batch, go on
                 for request in batch:
                     if not request.future.done():
                         request.future.set_exception(exc)
+            # The crowd: this batch's appenders, on their way back now, and those who came
+            # meanwhile (others: this batch's were waiting on it). Counting only the batch
+            # would let two halves of one crowd take turns, each paying a whole commit.
+            crowd = min(len(batch) + self._queue.qsize(), _MAX_BATCH)
             if stop:
                 return
 

@@ -8,8 +8,10 @@ Tables and guarantees are SQLite's: ``entries`` keyed by ``(stream, seq)``, ``ch
 checkpoints, so the record is append-only to anyone who does not drop the triggers (which
 ``record.audit`` then catches). Each ``append`` is one transaction:
 
-- ``seq`` is read as ``max + 1`` inside that transaction, never drawn from a sequence (a
-  rolled-back transaction would burn its values and leave a gap);
+- ``seq`` is ``max + 1`` inside that transaction, never drawn from a sequence (a
+  rolled-back transaction would burn its values and leave a gap): read there, or, for a
+  leased writer's later batches, known from its batch before and checked there
+  (``affidavit_expect`` fails the transaction when the stream's size or lease changed);
 - before reading it, the transaction takes a transaction-level advisory lock per stream it
   touches, all of them at once in sorted order (so two batches never deadlock), so two
   processes appending to one stream wait for each other instead of reading the same ``max``;
@@ -20,7 +22,9 @@ checkpoints, so the record is append-only to anyone who does not drop the trigge
 Group commit comes from two places, neither of them new here. Within one appliance,
 ``record.log.Log`` queues every appender of the store on its writer thread and writes what
 arrived during a commit as the next batch, one transaction, so one WAL flush covers many
-entries; the batch goes in pipeline mode, so its inserts cost no round trip each. Across appliances sharing one server, PostgreSQL groups concurrent commits itself:
+entries; the batch goes in pipeline mode, so its inserts cost no round trip each, and a
+leased writer's batch after its first waits on nothing before its commit. Across appliances
+sharing one server, PostgreSQL groups concurrent commits itself:
 the backend that flushes the WAL flushes every commit record written so far, so those
 waiting behind it find theirs already durable; ``commit_delay``/``commit_siblings`` (server
 settings, off by default) make it wait a little to gather more.
@@ -47,7 +51,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from record.errors import StoreMissing
+from record.errors import RecordError, StoreMissing
 from record.schema import utc_timestamp
 from record.store import (
     LEASE_WAIT_S,
@@ -58,6 +62,7 @@ from record.store import (
     StoredCheckpoint,
     StoredEntry,
     check_evidence_name,
+    check_lease,
     claim,
     lease_held,
     write_batch,
@@ -71,6 +76,11 @@ _SCHEMA = (
         leaf_hash BYTEA  NOT NULL,
         PRIMARY KEY (stream, seq)
     )""",
+    # A line is mostly a sealed body, base64 of ciphertext, which no compression shrinks:
+    # trying costs each insert CPU for nothing. Kept uncompressed, and in its row up to a
+    # page (``toast_tuple_target``), out of line beyond that.
+    "ALTER TABLE entries ALTER COLUMN line SET STORAGE EXTERNAL",
+    "ALTER TABLE entries SET (toast_tuple_target = 8160)",
     """CREATE TABLE IF NOT EXISTS checkpoints (
         id     BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         stream TEXT   NOT NULL,
@@ -111,6 +121,31 @@ _SCHEMA = (
         FOR EACH STATEMENT EXECUTE FUNCTION affidavit_append_only()""",
 )
 
+# A leased writer's check of what it saw at its last batch, made inside the next batch's
+# transaction (under the stream locks) instead of a read it must wait for: each stream still
+# has the size the writer expects and a lease it holds, else the transaction fails. A
+# writable open makes it where it is missing (it takes no table lock), so a database made
+# before it gets it too.
+_EXPECT = """CREATE OR REPLACE FUNCTION affidavit_expect(
+        streams TEXT[], sizes BIGINT[], writer TEXT) RETURNS void
+    LANGUAGE plpgsql AS $$
+    DECLARE
+        i INT;
+        have BIGINT;
+    BEGIN
+        FOR i IN 1 .. COALESCE(array_length(streams, 1), 0) LOOP
+            SELECT COALESCE(MAX(seq) + 1, 0) INTO have FROM entries WHERE stream = streams[i];
+            IF have <> sizes[i] OR NOT EXISTS (SELECT 1 FROM leases WHERE stream = streams[i]
+                    AND holder = writer AND NOT released) THEN
+                RAISE EXCEPTION USING ERRCODE = 'AFX01',
+                    MESSAGE = format('stream %s is not as its writer left it', streams[i]);
+            END IF;
+        END LOOP;
+    END $$"""
+_HAS_EXPECT = "SELECT to_regprocedure('affidavit_expect(text[],bigint[],text)') IS NOT NULL"
+_EXPECTED = "SELECT affidavit_expect(%s::text[], %s::bigint[], %s)"
+_EXPECTATION_FAILED = "AFX01"
+
 #: What the writer's connections must have in force (a test asserts each one).
 DURABILITY_SETTINGS = {"fsync": "on", "synchronous_commit": "on"}
 
@@ -134,7 +169,6 @@ _HAS_RECORD = "SELECT to_regclass('entries') IS NOT NULL"
 _HAS_SCHEMA = "SELECT to_regclass('leases') IS NOT NULL"
 _SHOW = "SELECT current_setting(%s)"
 _INSERT_EVIDENCE = "INSERT INTO evidence (stream, name, data) VALUES (%s, %s, %s)"
-_INSERT_ENTRY = "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (%s, %s, %s, %s)"
 _INSERT_CHECKPOINT = "INSERT INTO checkpoints (stream, size, note) VALUES (%s, %s, %s)"
 _INSERT_META = "INSERT INTO meta (key, value) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING"
 _SIZE = "SELECT COALESCE(MAX(seq) + 1, 0) FROM entries WHERE stream = %s"
@@ -151,7 +185,13 @@ _LEAF_HASHES = (
 _CHECKPOINTS = "SELECT size, note FROM checkpoints WHERE stream = %s ORDER BY id"
 _EVIDENCE = "SELECT name, data FROM evidence WHERE stream = %s ORDER BY name"
 _LEASE = "SELECT holder, since, released FROM leases WHERE stream = %s"
-_LEASES = "SELECT stream, holder, since, released FROM leases WHERE stream = ANY(%s)"
+# A batch's one read before it writes: each stream's lease row (if any) and next seq.
+_LEASES_AND_SIZES = (
+    "SELECT s.stream, l.holder, l.since, l.released,"
+    " (SELECT COALESCE(MAX(e.seq) + 1, 0) FROM entries e WHERE e.stream = s.stream)"
+    " FROM unnest(%s::text[]) AS s(stream) LEFT JOIN leases l ON l.stream = s.stream"
+)
+_INSERT_ENTRY = "INSERT INTO entries (stream, seq, line, leaf_hash) VALUES (%s, %s, %s, %s)"
 _PUT_LEASE = (
     "INSERT INTO leases (stream, holder, since, released) VALUES (%s, %s, %s, false)"
     " ON CONFLICT (stream) DO UPDATE SET holder = EXCLUDED.holder, since = EXCLUDED.since,"
@@ -194,6 +234,9 @@ class PostgresStore(LogStore):
         options = f"{given} {_READER_OPTIONS if readonly else _WRITER_OPTIONS}".strip()
         self._conninfo, self._options = conninfo, options
         self._lease_conn: psycopg.Connection[Any] | None = None  # holds the leases' locks
+        # Per stream, what this store's last committed batch left: the next seq and the lease
+        # it wrote under (the writer thread alone reads and writes it).
+        self._left: dict[str, tuple[int, Lease]] = {}
         with psycopg.connect(conninfo, autocommit=True, options=options) as conn:
             if readonly:
                 if not _fetch_one(conn, _HAS_RECORD, ()):
@@ -207,6 +250,8 @@ class PostgresStore(LogStore):
                     if not _fetch_one(conn, _HAS_SCHEMA, ()):
                         for statement in _SCHEMA:
                             conn.execute(statement)
+                    if not _fetch_one(conn, _HAS_EXPECT, ()):
+                        conn.execute(_EXPECT)
         self._closed = False
         self._close_lock = threading.Lock()
         self._pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
@@ -242,14 +287,56 @@ class PostgresStore(LogStore):
     ) -> tuple[list[StoredEntry], list[StoredCheckpoint]]:
         pool = self._writable()
         touched = sorted({p.stream for p in entries} | {cp.stream for cp in checkpoints})
+        left = self._left
+        expected = (
+            {stream: left[stream] for stream in touched}
+            if holder is not None
+            and all(s in left and left[s][1].holder == holder for s in touched)
+            else None
+        )
         # Pipeline mode: a statement whose result the batch does not read (the locks, every
         # insert, the commit) is sent without waiting for the one before it, so a batch
-        # costs the round trips of its reads (leases, sizes) and the commit's, not one per
-        # row. An error still fails the transaction, and raises by the commit at the latest.
-        with pool.connection() as conn, conn.pipeline(), conn.transaction():
-            for stream in touched:  # sorted: two batches lock in one order, never deadlock
-                conn.execute(_STREAM_LOCK, (_LOCK_SPACE, stream))
-            return write_batch(_Batch(conn), entries, checkpoints, on_built, holder)
+        # costs the round trips of its reads and the commit's, not one per row. A leased
+        # writer that wrote the batch before reads nothing: the server checks what it expects
+        # (``affidavit_expect``). An error still fails the transaction, and raises by the
+        # commit at the latest.
+        try:
+            with pool.connection() as conn, conn.pipeline(), conn.transaction():
+                for stream in touched:  # sorted: two batches lock in one order, never deadlock
+                    conn.execute(_STREAM_LOCK, (_LOCK_SPACE, stream))
+                batch = _Batch(conn, expected)
+                written = write_batch(batch, entries, checkpoints, on_built, holder)
+                batch.flush()
+        except psycopg.Error as exc:
+            for stream in touched:
+                left.pop(stream, None)
+            if holder is not None and expected is not None and exc.sqlstate == _EXPECTATION_FAILED:
+                self._explain(touched, expected, holder)
+            raise
+        except BaseException:
+            for stream in touched:
+                left.pop(stream, None)
+            raise
+        if holder is not None:
+            for stream in touched:
+                left[stream] = (batch.sizes[stream], batch.seen[stream])
+        return written
+
+    def _explain(
+        self, streams: Sequence[str], expected: dict[str, tuple[int, Lease]], holder: str
+    ) -> None:
+        """Raise what went wrong when the server found a stream not as this writer left it:
+        its lease lost (``LeaseLost``), or entries this writer did not write."""
+        with self._pool.connection() as conn:
+            for stream in streams:
+                check_lease(stream, _lease_row(conn, stream), holder)
+                have = int(_fetch_one(conn, _SIZE, (stream,)))
+                if have != expected[stream][0]:
+                    raise RecordError(
+                        f"stream {stream!r} holds {have} entries, but this writer left it at "
+                        f"{expected[stream][0]}: someone else wrote to it; nothing of this "
+                        "batch was written"
+                    )
 
     def take_lease(self, stream: str, holder: str, *, wait: float = LEASE_WAIT_S) -> Lease | None:
         self._writable()
@@ -258,6 +345,7 @@ class PostgresStore(LogStore):
                 self._conninfo, autocommit=True, options=self._options
             )
         conn = self._lease_conn
+        self._left.pop(stream, None)  # a new lease row: the next batch reads it again
         deadline = time.monotonic() + wait
         while not _fetch_one(conn, _TRY_LEASE, (_LEASE_SPACE, stream)):
             if time.monotonic() >= deadline:
@@ -270,6 +358,7 @@ class PostgresStore(LogStore):
         return orphaned
 
     def release_leases(self, holder: str) -> None:
+        self._left.clear()
         with self._writable().connection() as conn:
             conn.execute(_RELEASE, (holder,))
         self._drop_locks()
@@ -368,25 +457,71 @@ def _lease_row(conn: psycopg.Connection[Any], stream: str) -> Lease | None:
 
 
 class _Batch:
-    """An open transaction of the pool, as ``write_batch`` writes a batch into it."""
+    """An open transaction of the pool, as ``write_batch`` writes a batch into it.
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    Its entries are held back and sent as one ``executemany`` (:meth:`flush`) before
+    anything that reads or follows them. The leases' read also reads the streams' sizes; or,
+    with ``expected`` (what this writer's last batch left, for a leased writer), it reads
+    nothing: it returns those leases and queues the server's check of them and of the sizes,
+    which fails the transaction if either changed. In pipeline mode a batch then costs no
+    round trip before its commit.
+    """
+
+    def __init__(
+        self, conn: psycopg.Connection[Any], expected: dict[str, tuple[int, Lease]] | None
+    ) -> None:
         self._conn = conn
+        self._expected = expected
+        self.sizes: dict[str, int] = {}  # next seq, as this transaction sees it
+        self.seen: dict[str, Lease] = {}  # the lease rows read (or expected) by leases()
+        self._held: list[StoredEntry] = []
 
     def leases(self, streams: Sequence[str]) -> dict[str, Lease]:
-        rows = self._conn.execute(_LEASES, (list(streams),)).fetchall()
-        return {str(s): Lease(str(s), str(h), str(since), bool(r)) for s, h, since, r in rows}
+        self.flush()
+        if self._expected is not None and all(s in self._expected for s in streams):
+            wanted = [self._expected[s] for s in streams]
+            holders = {lease.holder for _, lease in wanted}
+            if len(holders) == 1:
+                self._conn.execute(
+                    _EXPECTED, (list(streams), [size for size, _ in wanted], holders.pop())
+                )
+                for stream, (size, lease) in zip(streams, wanted, strict=True):
+                    self.sizes[stream] = size
+                    self.seen[stream] = lease
+                return dict(self.seen)
+        rows = self._conn.execute(_LEASES_AND_SIZES, (list(streams),)).fetchall()
+        for stream, holder, since, released, size in rows:
+            self.sizes[str(stream)] = int(size)
+            if holder is not None:
+                lease = Lease(str(stream), str(holder), str(since), bool(released))
+                self.seen[str(stream)] = lease
+        return dict(self.seen)
 
     def size(self, stream: str) -> int:
-        return int(_fetch_one(self._conn, _SIZE, (stream,)))
+        if stream not in self.sizes:
+            self.flush()
+            self.sizes[stream] = int(_fetch_one(self._conn, _SIZE, (stream,)))
+        return self.sizes[stream]
 
     def insert_evidence(self, stream: str, name: str, data: bytes) -> None:
         self._conn.execute(_INSERT_EVIDENCE, (stream, name, data))
 
     def insert_entry(self, entry: StoredEntry) -> None:
-        self._conn.execute(_INSERT_ENTRY, (entry.stream, entry.seq, entry.line, entry.leaf_hash))
+        self._held.append(entry)
+        self.sizes[entry.stream] = entry.seq + 1
 
     def insert_checkpoint(self, checkpoint: StoredCheckpoint) -> None:
+        self.flush()
         self._conn.execute(
             _INSERT_CHECKPOINT, (checkpoint.stream, checkpoint.size, checkpoint.note)
         )
+
+    def flush(self) -> None:
+        """Send the entries held back, in one ``executemany`` (whose results the pipeline
+        does not wait for)."""
+        if self._held:
+            held, self._held = self._held, []
+            with self._conn.cursor() as cursor:
+                cursor.executemany(
+                    _INSERT_ENTRY, [(e.stream, e.seq, e.line, e.leaf_hash) for e in held]
+                )

@@ -442,11 +442,17 @@ def canonical_body(body: Strict) -> bytes:
     byte field (a reply of tens of MiB would otherwise sit in memory as bytes, as a base64
     string, as JSON text and as its encoding at once). JCS sorts members by code point and
     its members' values are canonical on their own, so the object is put together here from
-    its sorted members; a bytes field's base64 needs no JSON escaping."""
+    its sorted members; a bytes field's base64 needs no JSON escaping. A body whose bytes are
+    small (most of them) is one ``canonical_json`` call, its base64 in place: the copies cost
+    nothing there, and one call is several times faster than one per member."""
     raw = {name for name, value in body if isinstance(value, bytes)}
+    dumped = body.model_dump(mode="json", exclude=raw)
+    if sum(len(getattr(body, name)) for name in raw) <= _SMALL_BYTES:
+        for name in raw:
+            dumped[name] = base64.b64encode(getattr(body, name)).decode("ascii")
+        return canonical_json(dumped)
     pieces: dict[str, list[bytes]] = {
-        name: [canonical_json(value)]
-        for name, value in body.model_dump(mode="json", exclude=raw).items()
+        name: [canonical_json(value)] for name, value in dumped.items()
     }
     for name in raw:
         pieces[name] = [b'"', base64.b64encode(getattr(body, name)), b'"']
@@ -455,6 +461,10 @@ def canonical_body(body: Strict) -> bytes:
         out += [b"," if index else b"", canonical_json(name), b":", *pieces.pop(name)]
     out.append(b"}")
     return b"".join(out)
+
+
+#: Raw bytes up to which a body is serialised in one call (its copies are then small).
+_SMALL_BYTES = 64 * 1024
 
 
 def parse_body(kind: str, data: dict[str, Any] | bytes, *, stored: bool = False) -> Strict:

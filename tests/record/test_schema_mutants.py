@@ -21,6 +21,7 @@ from record.schema import (
     Entry,
     EntryHead,
     Strict,
+    ToolResult,
     TurnStarted,
     _sealed_head,
     body_kind,
@@ -173,6 +174,18 @@ def test_canonical_body_is_the_canonical_json_of_the_bodys_json_form() -> None:
     turn = parse_body("turn.started", TURN)
     for each in (body, turn):
         assert canonical_body(each) == canonical_json(each.model_dump(mode="json"))
+    # both ways of building it: in one call (small bytes) and member by member (large)
+    for size in (0, 1, 2, 3, 64 * 1024, 64 * 1024 + 1, 200_000):
+        data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+        result = ToolResult(
+            call_seq=7,
+            outcome="COMMITTED",
+            result_bytes=data,
+            result_digest=digest(Domain.TOOL_RESULT, data),
+            error_bytes=b"\x00\xff" if size % 2 else None,
+            error_digest=digest(Domain.ERROR, b"\x00\xff") if size % 2 else None,
+        )
+        assert canonical_body(result) == canonical_json(result.model_dump(mode="json"))
 
 
 def _line(line: bytes, **changes: object) -> bytes:
