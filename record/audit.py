@@ -279,13 +279,23 @@ def check_stream(
     key asks for them to be opened).
     """
     out = _Problems(stream)
-    scan = _scan_entries(stream, rows, out, keep_bodies=key is not None)
+    # The notes' signatures need nothing from the entries, and verifying one releases the
+    # GIL: when there are many (one per commit batch), a thread of its own checks them while
+    # this one reads the entries.
+    if len(checkpoints) + len(kept) < _NOTES_IN_A_THREAD:
+        scan = _scan_entries(stream, rows, out, keep_bodies=key is not None)
+        notes_opened = _open_notes(checkpoints, kept, log_key)
+    else:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="audit-notes") as notes:
+            opening = notes.submit(_open_notes, checkpoints, kept, log_key)
+            scan = _scan_entries(stream, rows, out, keep_bodies=key is not None)
+            notes_opened = opening.result()
     origin = _expected_origin(stream, log_key)
     valid_clear, opened = _check_opening(scan, log_key, origin, out)
     continues = None
     if opened is not None and opened[1].continues is not None:  # only a continuation pays
         continues = _check_continuation(opened[0], opened[1].continues, links, out)
-    signed = _check_signatures(checkpoints, kept, log_key, origin, out)
+    signed = _check_signatures(notes_opened, log_key, origin, out)
     covered = _check_tree(scan.leaves, signed, out)
     n = len(scan.leaves)
     if covered < n:
@@ -311,6 +321,8 @@ class _Scan:
 
 
 _CHUNK = 256
+#: From how many notes a stream's are verified in a thread beside the entries' scan.
+_NOTES_IN_A_THREAD = 32
 
 
 def _leaf_hashes(lines: list[bytes]) -> list[bytes]:
@@ -517,37 +529,55 @@ def links_in(store: LogStore, streams: Collection[str] | None = None) -> LinkChe
     return check
 
 
-def _check_signatures(
-    checkpoints: Sequence[tuple[str, bytes]],
-    kept: Sequence[tuple[str, bytes]],
-    log_key: str | None,
-    origin: str | None,
-    out: _Problems,
-) -> list[_Signed]:
+@dataclass(frozen=True)
+class _OpenedNotes:
+    """Every note opened against the log key: the key's own fault, if any, then for each
+    note (checkpoints first, then those kept) its checkpoint or why it failed."""
+
+    key_fault: str | None
+    notes: list[tuple[bool, str, Checkpoint | CheckpointError]]
+
+
+def _open_notes(
+    checkpoints: Sequence[tuple[str, bytes]], kept: Sequence[tuple[str, bytes]], log_key: str | None
+) -> _OpenedNotes:
     verifiers: list[Verifier] = []
+    key_fault = None
     if log_key is not None:
         try:
             verifiers.append(Verifier.from_vkey(log_key))
         except CheckpointError as exc:
-            out.add("checkpoint_invalid", None, f"log key {log_key!r} is malformed: {exc}")
+            key_fault = f"log key {log_key!r} is malformed: {exc}"
     elif checkpoints or kept:
-        out.add("checkpoint_invalid", None, "no log key to check checkpoint signatures with")
-    signed: list[_Signed] = []
+        key_fault = "no log key to check checkpoint signatures with"
+    opened: list[tuple[bool, str, Checkpoint | CheckpointError]] = []
     for is_kept, items in ((False, checkpoints), (True, kept)):
         for label, note in items:
             try:
-                checkpoint, _ = open_checkpoint(note, verifiers)
+                opened.append((is_kept, label, open_checkpoint(note, verifiers)[0]))
             except CheckpointError as exc:
-                out.add("checkpoint_invalid", None, f"{label}: {exc}")
-                continue
-            if origin is not None and checkpoint.origin != origin:
-                out.add(
-                    "checkpoint_invalid",
-                    None,
-                    f"{label}: origin {checkpoint.origin!r} is not this stream's ({origin!r})",
-                )
-                continue
-            signed.append(_Signed(checkpoint, label, is_kept))
+                opened.append((is_kept, label, exc))
+    return _OpenedNotes(key_fault, opened)
+
+
+def _check_signatures(
+    opened: _OpenedNotes, log_key: str | None, origin: str | None, out: _Problems
+) -> list[_Signed]:
+    if opened.key_fault is not None:
+        out.add("checkpoint_invalid", None, opened.key_fault)
+    signed: list[_Signed] = []
+    for is_kept, label, checkpoint in opened.notes:
+        if isinstance(checkpoint, CheckpointError):
+            out.add("checkpoint_invalid", None, f"{label}: {checkpoint}")
+            continue
+        if origin is not None and checkpoint.origin != origin:
+            out.add(
+                "checkpoint_invalid",
+                None,
+                f"{label}: origin {checkpoint.origin!r} is not this stream's ({origin!r})",
+            )
+            continue
+        signed.append(_Signed(checkpoint, label, is_kept))
     return signed
 
 

@@ -792,3 +792,29 @@ def test_a_wrapped_key_that_does_not_open_is_listed_when_asked_and_raised_otherw
     assert isinstance(failed[0][1], CannotOpen)
     with pytest.raises(CannotOpen):
         StreamKeys.collect(STREAM, [broken], written.reader)
+
+
+def test_many_notes_are_checked_beside_the_scan_with_the_same_findings(
+    written: Written, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream with a note per commit batch has its notes verified in a thread while the
+    entries are read; the findings, and their order, are those of checking them after."""
+    import record.audit as audit
+
+    other = Signer.generate("someone-else")
+    forged = sign_checkpoint(other, Checkpoint("x/y/z", 1, b"\x00" * 32))
+    notes = [*written.notes * 10, written.notes[0][:-3] + b"xx\n", forged, *written.notes]
+    kept = [("kept #0", forged), ("kept #1", written.notes[-1])]
+    assert len(notes) + len(kept) >= audit._NOTES_IN_A_THREAD
+
+    beside = written.check(notes=notes, kept=kept)
+    monkeypatch.setattr(audit, "_NOTES_IN_A_THREAD", 10**9)  # checked after the scan
+    after = written.check(notes=notes, kept=kept)
+    assert beside == after
+    invalid = [p.detail.split(":")[0] for p in beside.problems if p.code == "checkpoint_invalid"]
+    assert invalid == [
+        f"cp{len(written.notes) * 10}",
+        f"cp{len(written.notes) * 10 + 1}",
+        "kept #0",
+    ]
+    assert beside.covered == len(written.lines)
