@@ -104,6 +104,7 @@ REDUCED_WHEELS = (
     "cffi",
     "pycparser",
     "rfc8785",
+    "pybase64",
     "uuid6",
     "grpcio",
     "protobuf",

@@ -78,6 +78,7 @@ from record.schema import (
     EvidenceArchived,
     KeyRotated,
     StreamOpened,
+    head_of,
     parse_body,
     parse_entry,
     parse_head,
@@ -405,13 +406,16 @@ def _where(row: Row) -> str:
 def _parse_row(row: Row, out: _Problems, scan: _Scan, keep_bodies: bool) -> EntryHead | None:
     scan.count += 1
     try:
-        head = parse_head(row.line)
-        if keep_bodies or head.kind in CLEAR_KINDS:
+        if keep_bodies:  # the whole entry is needed: parsed once, its head taken from it
             entry = parse_entry(row.line)
+            head = head_of(entry)
+            scan.kept.append(entry)
             if head.kind in CLEAR_KINDS:
                 scan.clear.append(entry)
-            if keep_bodies:
-                scan.kept.append(entry)
+        else:
+            head = parse_head(row.line)
+            if head.kind in CLEAR_KINDS:
+                scan.clear.append(parse_entry(row.line))
     except SchemaError as exc:
         out.add("malformed_entry", row.seq, f"{_where(row)}: {exc}")
         return None
