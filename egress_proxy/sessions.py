@@ -39,7 +39,7 @@ from egress_proxy.errors import ConfigError, Unauthorized
 from egress_proxy.pins import PINNABLE, pins_entry, validate_pins
 from egress_proxy.session_book import Armed, BookedSession, SessionBook
 from egress_proxy.tool_ids import RECORD_KEY, ToolIdTable
-from record.continuation import LinkBroken, check_link, opening_of
+from record.continuation import LinkBroken, check_link_in
 from record.errors import CannotOpen, RecordError
 from record.log import Appended, Log
 from record.reader import StreamKeys
@@ -173,12 +173,11 @@ class SessionRegistry:
     def _may_continue(self, link: Continuation) -> None:
         """The link holds against the named stream as the store has it, and that stream is
         another appliance's: one this appliance opened it writes on, and resumes, itself."""
-        opened = opening_of(self.log.store, link.stream)
+        opened = check_link_in(self.log.store, link)
         if opened.log_key == self.log.signer.vkey():
             raise LinkBroken(
                 f"stream {link.stream!r} is this appliance's own: resume it, do not continue it"
             )
-        check_link(link, opened, self.log.store.leaf_hashes(link.stream))
 
     def authenticate(self, session_id: str, token: str | None) -> Session:
         """The session, if ``token`` is its token; otherwise ``Unauthorized``."""

@@ -127,6 +127,9 @@ def check_link(link: Continuation, opened: StreamOpened, leaves: Sequence[bytes]
         )
 
 
-def check_link_in(store: LogStore, link: Continuation) -> None:
-    """:func:`check_link` against the named stream as ``store`` holds it."""
-    check_link(link, opening_of(store, link.stream), store.leaf_hashes(link.stream))
+def check_link_in(store: LogStore, link: Continuation) -> StreamOpened:
+    """:func:`check_link` against the named stream as ``store`` holds it; that stream's
+    opening, once the link holds."""
+    opened = opening_of(store, link.stream)
+    check_link(link, opened, store.leaf_hashes(link.stream))
+    return opened
