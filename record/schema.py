@@ -450,7 +450,7 @@ def canonical_body(body: Strict) -> bytes:
     its members' values are canonical on their own, so the object is put together here from
     its sorted members; a bytes field's base64 needs no JSON escaping. A body whose bytes are
     small (most of them) is one ``canonical_json`` call, its base64 in place: the copies cost
-    nothing there, and one call is several times faster than one per member."""
+    nothing there, and one call takes about half the time of one per member."""
     raw = {name for name, value in body if isinstance(value, bytes)}
     dumped = body.model_dump(mode="json", exclude=raw)
     if sum(len(getattr(body, name)) for name in raw) <= _SMALL_BYTES:
@@ -600,8 +600,8 @@ _SEALED_TAIL = _sealed_tail_pattern()
 
 def _decodes(body: bytes) -> bool:
     """Whether ``body`` is all base64 alphabet, padded right: what the fast path needs. A
-    SIMD decode (its bytes thrown away) checks that several times faster than scanning the
-    alphabet in Python's ``translate``; whatever it refuses goes the full path, which
+    SIMD decode (its bytes thrown away) checks that faster (about 1.3x) than scanning the
+    alphabet with ``bytes.translate``; whatever it refuses goes the full path, which
     judges (and words) it."""
     try:
         pybase64.b64decode(body, validate=True)
