@@ -60,6 +60,7 @@ __all__ = [
     "Linked",
     "linked",
     "pins_of",
+    "refreshed",
     "take_over",
 ]
 
@@ -128,9 +129,28 @@ def linked(store: Path | str, stream: str, key: KeyPair, *, hops: int = MAX_HOPS
         readonly.close()
     earlier = linked(store, link.stream, key, hops=hops - 1)
     offset = earlier.offset + link.size
-    taken = [(seq, body) for seq, body in earlier.bodies if seq < offset]
+    return _spliced(earlier.bodies, own, offset, [*earlier.streams, stream])
+
+
+def refreshed(view: Linked, store: Path | str, key: KeyPair) -> Linked:
+    """``view`` with its newest stream read again: the older ones end at their links, which
+    were checked when the view was made, so they are neither read nor checked again."""
+    from egress_proxy.replay import read_stream
+
+    own = read_stream(store, view.streams[-1], key)
+    return _spliced(view.bodies, own, view.offset, view.streams)
+
+
+def _spliced(
+    earlier: Sequence[tuple[int, Strict]],
+    own: Sequence[tuple[int, Strict]],
+    offset: int,
+    streams: list[str],
+) -> Linked:
+    """The older streams' bodies before ``offset``, then the newest's, moved up by it."""
+    taken = [(seq, body) for seq, body in earlier if seq < offset]
     mine = [(seq + offset, _moved(body, offset)) for seq, body in own]
-    return Linked(taken + mine, offset, [*earlier.streams, stream])
+    return Linked(taken + mine, offset, streams)
 
 
 def pins_of(bodies: Sequence[tuple[int, Strict]]) -> dict[str, JsonValue] | None:

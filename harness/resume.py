@@ -286,8 +286,11 @@ def stopped_at(bodies: list[tuple[int, Strict]]) -> tuple[int, str] | None:
     return turn.turn, where
 
 
-def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | None = None) -> int:
-    """Record a person's decision on the call a ``needs_decision`` turn waits on; its seq."""
+def decide(
+    home: Home, session_id: str, decision: Decision, *, key: KeyPair | None = None
+) -> int | None:
+    """Record a person's decision on the call a ``needs_decision`` turn waits on; its seq
+    (``None`` for a call this appliance may not send: giving it up records nothing)."""
     state = home.session(session_id)
     if state.status != "needs_decision" or not state.pending:
         raise NotWaiting(f"session {session_id} is not waiting for a decision")
@@ -299,7 +302,7 @@ def decide(home: Home, session_id: str, decision: Decision, *, key: KeyPair | No
                 f"session {session_id}: the call it stopped on can only be given up: "
                 f"affidavit resume {session_id} --decide abort"
             )
-        return -1
+        return None
     view = wait_settled(appliance.store, session_id, opener, timeout=5)
     bodies = view.bodies
     turn = turn_states(bodies)[-1].turn

@@ -22,7 +22,7 @@ from pydantic import JsonValue
 
 from egress_proxy.fetch import SEARCH_LABEL
 from harness.agent import Agent, TurnPolicy, TurnResult
-from harness.continuation import Linked, linked
+from harness.continuation import Linked, linked, refreshed
 from harness.model_api import model_api
 from harness.state import (
     Appliance,
@@ -315,8 +315,8 @@ def wait_settled(
     stays open (the proxy's recovery answers it ``UNKNOWN`` when it restarts)."""
     deadline = time.monotonic() + timeout
     said = False
+    view = read_linked(store, stream, key)
     while True:
-        view = read_linked(store, stream, key)
         open_ = pending_calls(view.bodies)
         if not open_ or time.monotonic() > deadline:
             return view
@@ -324,6 +324,7 @@ def wait_settled(
             progress(f"waiting for the proxy to record the answers to seq {open_}")
             said = True
         time.sleep(0.1)
+        view = refreshed(view, store, key)  # only the newest stream can still be written
 
 
 # -- a live turn ------------------------------------------------------------------------------

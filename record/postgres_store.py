@@ -291,6 +291,7 @@ class PostgresStore(LogStore):
         expected = (
             {stream: left[stream] for stream in touched}
             if holder is not None
+            and touched
             and all(s in left and left[s][1].holder == holder for s in touched)
             else None
         )
@@ -307,15 +308,12 @@ class PostgresStore(LogStore):
                 batch = _Batch(conn, expected)
                 written = write_batch(batch, entries, checkpoints, on_built, holder)
                 batch.flush()
-        except psycopg.Error as exc:
-            for stream in touched:
+        except BaseException as exc:
+            for stream in touched:  # whatever failed, the next batch reads them again
                 left.pop(stream, None)
-            if holder is not None and expected is not None and exc.sqlstate == _EXPECTATION_FAILED:
+            failed = getattr(exc, "sqlstate", None) == _EXPECTATION_FAILED
+            if failed and holder is not None and expected is not None:
                 self._explain(touched, expected, holder)
-            raise
-        except BaseException:
-            for stream in touched:
-                left.pop(stream, None)
             raise
         if holder is not None:
             for stream in touched:
@@ -478,17 +476,15 @@ class _Batch:
 
     def leases(self, streams: Sequence[str]) -> dict[str, Lease]:
         self.flush()
-        if self._expected is not None and all(s in self._expected for s in streams):
+        if self._expected is not None:  # every stream of the batch, all under one holder
             wanted = [self._expected[s] for s in streams]
-            holders = {lease.holder for _, lease in wanted}
-            if len(holders) == 1:
-                self._conn.execute(
-                    _EXPECTED, (list(streams), [size for size, _ in wanted], holders.pop())
-                )
-                for stream, (size, lease) in zip(streams, wanted, strict=True):
-                    self.sizes[stream] = size
-                    self.seen[stream] = lease
-                return dict(self.seen)
+            self._conn.execute(
+                _EXPECTED, (list(streams), [size for size, _ in wanted], wanted[0][1].holder)
+            )
+            for stream, (size, lease) in zip(streams, wanted, strict=True):
+                self.sizes[stream] = size
+                self.seen[stream] = lease
+            return dict(self.seen)
         rows = self._conn.execute(_LEASES_AND_SIZES, (list(streams),)).fetchall()
         for stream, holder, since, released, size in rows:
             self.sizes[str(stream)] = int(size)

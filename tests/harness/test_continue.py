@@ -32,6 +32,7 @@ pytest.importorskip("torch", reason="the harness tests run the embedded engine (
 pytest.importorskip("openai", reason="the harness drives turns with the openai client")
 
 from affidavit.cli import main
+from harness.continuation import Linked, refreshed
 from harness.session import open_session, read_linked, run_turn
 from harness.state import Home
 from record.backends import open_store
@@ -425,6 +426,10 @@ def test_a_chain_of_continuations_reads_as_one_session(carried: Carried) -> None
     assert chain["continues"]["stream"] == carried.new and chain["resume"] is False
     view = read_linked(carried.store, chain["session"], carried.key)
     assert view.streams == [carried.old, carried.new, chain["session"]]
+    # a poll's view (wait_settled) reads only the newest stream again, and finds the same
+    stale = Linked(view.bodies[: view.offset + 1], view.offset, view.streams)  # its opening
+    assert len(view.bodies) > view.offset + 1
+    assert refreshed(stale, carried.store, carried.key) == view
     shown = carried.more["chain_show"]
     assert shown["continues"] == [carried.old, carried.new] and shown["continued_by"] == []
     assert [t["turn"] for t in shown["turns"]] == [0, 1]

@@ -110,3 +110,9 @@ def test_a_database_made_before_the_check_gets_it_when_a_writer_opens_it(url: st
         assert [e.seq for e in store.entries("a")] == [0, 1, 2]
     finally:
         store.close()
+
+
+def test_an_empty_batch_of_a_leased_writer_writes_nothing(writer: PostgresStore) -> None:
+    assert writer.append([], holder="me") == ([], [])
+    stored, _ = writer.append([pending("a")], holder="me")
+    assert [e.seq for e in stored] == [3]
