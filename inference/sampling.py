@@ -16,10 +16,14 @@ Hugging Face's samplers: mask, temperature, top-k, top-p (nucleus over the sorte
 keeping at least one token), renormalise, draw.
 
 Cost per token, one thread: about 0.05 ms at the tiny model's 768 tokens; at 152k, 0.5 ms
-greedy, 3 ms with top-k (a selection, then a sort of the few candidates), and for the
-full distribution a stable sort of the whole vocabulary, the price of the fixed order: the
-probabilities are sorted as integers (their bit patterns order as they do), about three
-times as fast as a float sort with the same order, ties included.
+greedy, 3 ms with top-k (a selection, then a sort of the few candidates). The full
+distribution needs the fixed order only as far as the draw lands, plus the total: the
+sampler orders the first 256 tokens (a selection), and proves from them and a bound on the
+total that the whole order would draw the same token (:func:`_from_prefix`); at 49k
+tokens that is 0.27 ms against 1.1 ms, and SmolLM2-135M at temperature 0.7 needed the whole
+order in 6 of 3,200 steps. Where it does, the probabilities are sorted as integers (their
+bit patterns order as they do), about three times as fast as a float sort with the same
+order, ties included.
 
 Temperature 0 is greedy: the allowed token with the highest logit, ties to the lowest id.
 It still consumes its draw, so a stream's draws stay aligned with its token count.
@@ -49,6 +53,10 @@ __all__ = [
 ]
 
 MAX_TOP_LOGPROBS = 20
+#: Tokens the sampler orders first; the whole order only where they cannot prove the token.
+_PREFIX = 256
+#: Relative slack per term between two float64 sums of the same non-negative terms.
+_SUM_SLACK = 2.0**-48
 _SEED_MODULUS = 2**64  # torch.Generator.manual_seed takes 64 bits
 
 
@@ -152,14 +160,55 @@ class Sampler:
         keep = int((probs > 0).sum())  # masked and underflowed tokens can never be drawn
         if self.params.top_k:
             keep = min(keep, self.params.top_k)
-        sorted_probs, order = _head(probs, keep)
-        if self.params.top_p < 1:
-            mass = torch.cumsum(sorted_probs, dim=0)
-            keep = min(keep, int((mass < self.params.top_p).sum()) + 1)
-        cumulative = torch.cumsum(sorted_probs[:keep], dim=0)
-        target = torch.tensor(u * float(cumulative[-1]), dtype=torch.float64)
-        position = int(torch.searchsorted(cumulative, target, right=True))
+        elif keep > _PREFIX and probs.numel() >= 8 * _PREFIX:
+            token = _from_prefix(probs, keep, u, self.params.top_p)
+            if token is not None:
+                return token
+        return _from_sorted(probs, keep, u, self.params.top_p)
+
+
+def _from_sorted(probs: torch.Tensor, keep: int, u: float, top_p: float) -> int:
+    """The token at ``u`` of the first ``keep`` tokens in the fixed order (the definition)."""
+    sorted_probs, order = _head(probs, keep)
+    if top_p < 1:
+        mass = torch.cumsum(sorted_probs, dim=0)
+        keep = min(keep, int((mass < top_p).sum()) + 1)
+    cumulative = torch.cumsum(sorted_probs[:keep], dim=0)
+    target = torch.tensor(u * float(cumulative[-1]), dtype=torch.float64)
+    position = int(torch.searchsorted(cumulative, target, right=True))
+    return int(order[min(position, keep - 1)])
+
+
+def _from_prefix(probs: torch.Tensor, keep: int, u: float, top_p: float) -> int | None:
+    """:func:`_from_sorted`'s token from the first :data:`_PREFIX` tokens of the order
+    alone, or ``None`` where they cannot prove it (then the caller sorts them all).
+
+    Why it is the same token, bit for bit: the cumulative sum is sequential, so the sums of
+    the first ``n`` tokens are the first ``n`` sums of the whole, and they never decrease
+    (the terms are >= 0 and rounding is monotone). Under top-p, once they reach ``top_p``
+    the cut falls inside them. Otherwise the draw's target is ``u`` times the sequential
+    total of all ``keep`` (here: every positive) probabilities, which is unknown without
+    the whole order, but lies within a proven relative distance of any other float sum of
+    them (at most ``2 n`` units of rounding for ``n`` terms; :data:`_SUM_SLACK` per term is
+    far wider). If no prefix sum falls between the target's bounds and the last one lies
+    above them, the searched position is the same for every target in them.
+    """
+    head, order = _head(probs, _PREFIX)
+    mass = torch.cumsum(head, dim=0)
+    if top_p < 1:
+        if float(mass[-1]) < top_p:
+            return None
+        keep = int((mass < top_p).sum()) + 1
+        target = torch.tensor(u * float(mass[keep - 1]), dtype=torch.float64)
+        position = int(torch.searchsorted(mass[:keep], target, right=True))
         return int(order[min(position, keep - 1)])
+    total = float(probs.sum())
+    slack = total * _SUM_SLACK * probs.numel()
+    bounds = torch.tensor([u * total - slack, u * total + slack], dtype=torch.float64)
+    low, high = torch.searchsorted(mass, bounds, right=True).tolist()
+    if low != high or high >= mass.numel():
+        return None
+    return int(order[low])
 
 
 def _head(values: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,8 +1,8 @@
 """The start-up self-test: which batch-invariant path (:mod:`inference.invariant`) keeps a
 row bit-identical on this machine, alone or batched.
 
-It probes the paths in order (a row alone against the same row in batches of 3, 16 and 64,
-plus one decode step of a model alone against the same step batched) and reports the first
+It probes the paths in order (a row alone against the same row in batches of 3, 13, 16,
+64 and 515, plus one decode step of a model alone against the same step batched) and reports the first
 that passes, with the value of ``MKL_CBWR``, for the reproducibility block. It lives apart
 from the paths because it drives a model, and the model uses the paths.
 """
@@ -57,7 +57,7 @@ _SYNTHETIC_SHAPES = ((64, 64), (128, 64), (64, 128), (896, 896), (4864, 896))
 def self_test(
     model: DecoderModel | None = None,
     *,
-    batch_sizes: Sequence[int] = (3, 16, 64),
+    batch_sizes: Sequence[int] = (3, 13, 16, 64, 515),
     decode_batch_sizes: Sequence[int] = (3, 16),
     seed: int = 0,
 ) -> InvarianceReport:

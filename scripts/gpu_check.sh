@@ -28,7 +28,7 @@ MODE="${MODE:-auto}"
 PROBES="${PROBES:-12}"
 BATCH_SIZES="${BATCH_SIZES:-1,2,8,32}"
 MAX_TOKENS="${MAX_TOKENS:-32}"
-LINEAR_PATHS="${LINEAR_PATHS:-fixed-chunk-8 stock}"
+LINEAR_PATHS="${LINEAR_PATHS:-padded-8 fixed-chunk-8 stock}"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
 fi

@@ -28,7 +28,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(tiny_model_dir: Path) -> DecoderModel:
-    """The tiny model loaded, on the fixed-chunk path (what the self-test picks here)."""
+    """The tiny model loaded, on the fixed-chunk path (the model's default; the self-test
+    picks ``padded-8`` here, which gives the same bits on this build)."""
     from inference.model import DecoderModel
 
     return DecoderModel.load(tiny_model_dir)

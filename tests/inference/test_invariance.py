@@ -26,9 +26,11 @@ import torch.nn.functional as F  # noqa: E402
 
 from inference.cache import SequenceCache  # noqa: E402
 from inference.invariant import (  # noqa: E402
+    MAX_CALL_ROWS,
     PATHS,
     invariant_linear,
     linear_for,
+    padded_linear,
     per_row_linear,
 )
 from inference.model import DecoderModel, rms_norm, silu  # noqa: E402
@@ -59,7 +61,7 @@ def test_self_test_on_a_model_leaves_it_on_the_chosen_path(tiny_model: DecoderMo
     tiny_model.linear_path = "fixed-chunk-8"
 
 
-@pytest.mark.parametrize("linear", [invariant_linear, per_row_linear])
+@pytest.mark.parametrize("linear", [padded_linear, invariant_linear, per_row_linear])
 def test_linear_rows_do_not_depend_on_the_batch(linear: object) -> None:
     assert callable(linear)
     generator = torch.Generator().manual_seed(5)
@@ -69,15 +71,71 @@ def test_linear_rows_do_not_depend_on_the_batch(linear: object) -> None:
         row = torch.randn((1, width), generator=generator)
         alone = linear(row, weight, bias)[0]
         torch.testing.assert_close(alone, F.linear(row, weight, bias)[0])
-        for batch in (1, 5, 8, 9, 17, 64):
+        for batch in (1, 5, 8, 9, 17, 64, MAX_CALL_ROWS + 3):
             for position in {0, batch // 3, batch - 1}:
                 rows = torch.randn((batch, width), generator=generator)
                 rows[position] = row[0]
                 assert torch.equal(linear(rows, weight, bias)[position], alone), (batch, position)
 
 
+def test_self_test_picks_the_one_call_path_on_this_build() -> None:
+    """On the CPU build pinned in constraints.txt, stock ``F.linear`` gives a row alone other
+    bits than in a batch (rows past a multiple of four take another kernel), while every
+    product of a multiple of 8 rows gives it the same bits, so the self-test settles on ``padded-8``, the
+    path that reads the weights once per step. If a torch update changes that, this test
+    says so rather than the engine silently running twice as slow."""
+    report = self_test()
+    assert [c.passed for c in report.checks if c.path == "stock"][:1] == [False], report
+    assert report.path == "padded-8", report
+
+
+def test_padded_path_calls_the_kernel_with_multiples_of_8_rows_up_to_512(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shapes: list[int] = []
+    real = F.linear
+
+    def spy(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        shapes.append(x.shape[0])
+        return real(x, weight)
+
+    monkeypatch.setattr("inference.invariant.F.linear", spy)
+    weight = torch.randn((4, 3))
+    for rows in (0, 1, 9, 300, MAX_CALL_ROWS, 2 * MAX_CALL_ROWS + 1):
+        shapes.clear()
+        x = torch.randn((rows, 3))
+        out = padded_linear(x, weight)
+        assert out.shape == (rows, 4)
+        assert all(n % 8 == 0 and 8 <= n <= MAX_CALL_ROWS for n in shapes), (rows, shapes)
+        torch.testing.assert_close(out, F.linear(x, weight))
+
+
+def test_padded_and_fixed_chunk_paths_give_the_same_bits_here(tiny_model: DecoderModel) -> None:
+    """Records written before ``padded-8`` existed ran on ``fixed-chunk-8``; on this build a
+    re-execution on the new path must still give them byte for byte (a long prefill, then
+    decode steps of 1 and 11 sequences)."""
+    rng = random.Random(9)
+    vocab = tiny_model.config.vocab_size
+    prompts = [_prompt(rng, vocab, 3 + 40 * i) for i in range(11)]
+    steps = [rng.randrange(vocab) for _ in prompts]
+    out = {}
+    try:
+        for path in ("fixed-chunk-8", "padded-8"):
+            tiny_model.linear_path = path  # type: ignore[assignment]
+            caches = [tiny_model.new_cache() for _ in prompts]
+            first = [tiny_model.prefill_all(c, p) for c, p in zip(caches, prompts, strict=True)]
+            alone = tiny_model.decode([caches[0].clone()], steps[:1])
+            out[path] = [*first, alone, tiny_model.decode(caches, steps)]
+    finally:
+        tiny_model.linear_path = "fixed-chunk-8"
+    assert all(
+        torch.equal(a, b) for a, b in zip(out["fixed-chunk-8"], out["padded-8"], strict=True)
+    )
+
+
 def test_linear_for_rejects_unknown_paths() -> None:
     assert linear_for("fixed-chunk-8") is invariant_linear
+    assert linear_for("padded-8") is padded_linear
     with pytest.raises(ValueError, match="unknown linear path"):
         linear_for("fast")  # type: ignore[arg-type]
 

@@ -303,3 +303,91 @@ def test_probabilities_sort_as_integers_in_the_float_sorts_order_ties_included(v
             probs[-1] = 1.0
         expected = torch.sort(probs, descending=True, stable=True).indices
         assert torch.equal(_descending(probs), expected), (vocab, trial)
+
+
+def _language_like(generator: torch.Generator, vocab: int, sharpness: float) -> torch.Tensor:
+    """Float32 logits shaped as a language model's: a few likely tokens and a long Zipf
+    tail, in a random order, with exact ties among the likely ones."""
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
+    logits = -sharpness * torch.log(ranks) + torch.randn(vocab, generator=generator) * 0.3
+    logits[3:6] = logits[2]
+    return logits[torch.randperm(vocab, generator=generator)].to(torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("params", "proves"),
+    [
+        (SamplingParams(temperature=0.7), True),
+        (SamplingParams(temperature=1.0, logprobs=True, top_logprobs=3), True),
+        (SamplingParams(temperature=0.9, top_p=0.5), True),
+        # a top-p beyond the mass of the first tokens: every step takes the whole order
+        (SamplingParams(temperature=1.3, top_p=0.95), False),
+    ],
+    ids=["t0.7", "t1.0", "t0.9-p0.5", "t1.3-p0.95"],
+)
+def test_the_sorted_prefix_draws_what_the_whole_order_draws(
+    params: SamplingParams, proves: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sampler orders only the likeliest tokens first (``_from_prefix``) and sorts the
+    whole vocabulary only where they cannot prove the token: the same tokens and logprobs,
+    bit for bit, as the whole order every time, and the shortcut taken in most steps where
+    the first tokens hold the mass."""
+    import inference.sampling as sampling
+
+    generator = torch.Generator().manual_seed(17)
+    mask = torch.ones(49_152, dtype=torch.bool)
+    mask[::7] = False
+    stream = [_language_like(generator, 49_152, 0.6 + 0.1 * (i % 12)) for i in range(60)]
+    taken = []
+    real = sampling._from_prefix
+
+    def counted(*args: Any) -> int | None:
+        token = real(*args)
+        taken.append(token is not None)
+        return token
+
+    monkeypatch.setattr(sampling, "_from_prefix", counted)
+    for seed in (1, 2):
+        sampler = Sampler(params, seed=seed)
+        fast = [sampler.sample(logits, mask if i % 2 else None) for i, logits in enumerate(stream)]
+        with monkeypatch.context() as whole:
+            whole.setattr(sampling, "_PREFIX", 10**9)
+            sampler = Sampler(params, seed=seed)
+            slow = [
+                sampler.sample(logits, mask if i % 2 else None) for i, logits in enumerate(stream)
+            ]
+        assert fast == slow
+    assert len(taken) == 2 * len(stream)
+    print(f"the prefix proved {sum(taken)} of {len(taken)} tokens")
+    assert sum(taken) > len(taken) // 2 if proves else not any(taken)
+
+
+def test_the_sorted_prefix_refuses_what_it_cannot_prove() -> None:
+    """Draws aimed at the cumulative sums themselves (and the floats beside them), where
+    the bound on the total decides: never a different token, and ``None`` where the bound
+    straddles a sum; a flat distribution, whose first tokens hold too little mass, is
+    always left to the whole order."""
+    from inference.sampling import _PREFIX, _from_prefix, _from_sorted, _head
+
+    generator = torch.Generator().manual_seed(23)
+    refused = proven = 0
+    for trial in range(12):
+        logits = _language_like(generator, 49_152, 0.8 + 0.1 * trial).to(torch.float64)
+        probs = torch.softmax(logits / 0.8, dim=0)
+        keep = int((probs > 0).sum())
+        sums = torch.cumsum(_head(probs, keep)[0], dim=0)
+        total = float(sums[-1])
+        for j in (0, 1, 7, 40, _PREFIX - 2, _PREFIX - 1, _PREFIX):
+            exact = float(sums[j]) / total
+            for u in (math.nextafter(exact, 0), exact, math.nextafter(exact, 1)):
+                for top_p in (1.0, 0.9):
+                    token = _from_prefix(probs, keep, u, top_p)
+                    if token is None:
+                        refused += 1
+                    else:
+                        proven += 1
+                        assert token == _from_sorted(probs, keep, u, top_p), (trial, j, u)
+    assert refused and proven
+    flat = torch.softmax(torch.zeros(49_152, dtype=torch.float64), dim=0)
+    assert _from_prefix(flat, 49_152, 0.5, 1.0) is None
+    assert _from_prefix(flat, 49_152, 0.5, 0.9) is None
