@@ -18,20 +18,19 @@ __all__ = ["attend", "attend_sequence"]
 
 
 def attend(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query ``[heads, head_dim]`` over ``keys``/``values [n, kv_heads, head_dim]``.
 
-    Returns ``[heads * head_dim]``. Query head ``h`` reads key/value head
-    ``h // (heads // kv_heads)``, as ``transformers``' ``repeat_kv`` arranges it.
+    Returns ``[heads * head_dim]``, written into ``out`` when given. Query head ``h`` reads
+    key/value head ``h // (heads // kv_heads)``, as ``transformers``' ``repeat_kv``
+    arranges it.
     """
-    heads, head_dim = query.shape
-    kv_heads = keys.shape[1]
-    grouped = query.reshape(kv_heads, heads // kv_heads, head_dim)
-    scores = torch.matmul(grouped, keys.permute(1, 2, 0)) * scale
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.matmul(probs, values.permute(1, 0, 2))
-    return out.reshape(heads * head_dim)
+    return _attend(query, keys.permute(1, 2, 0), values.permute(1, 0, 2), scale, out)
 
 
 def attend_sequence(
@@ -48,7 +47,32 @@ def attend_sequence(
     """
     rows = queries.shape[0]
     out = torch.empty((rows, queries.shape[1] * queries.shape[2]), dtype=queries.dtype)
+    # The same views attend() makes of keys[:end], made once: a decode step runs this for
+    # every sequence in every layer, so each op saved per row counts (tests/inference/
+    # test_attention.py holds the bits equal to the plain formulation).
+    keys_t, values_t = keys.permute(1, 2, 0), values.permute(1, 0, 2)
     for i in range(rows):
         end = start + i + 1
-        out[i] = attend(queries[i], keys[:end], values[:end], scale)
+        _attend(queries[i], keys_t[:, :, :end], values_t[:, :end], scale, out[i])
+    return out
+
+
+def _attend(
+    query: torch.Tensor,
+    keys_t: torch.Tensor,
+    values_t: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`attend` over ``keys_t [kv_heads, head_dim, n]`` and ``values_t [kv_heads, n,
+    head_dim]``: ``softmax(q k^T * scale) v`` as batched products, one per key/value head."""
+    heads, head_dim = query.shape
+    kv_heads = keys_t.shape[0]
+    grouped = query.reshape(kv_heads, heads // kv_heads, head_dim)
+    scores = torch.bmm(grouped, keys_t)
+    scores.mul_(scale)
+    probs = torch.softmax(scores, dim=-1)
+    if out is None:
+        return torch.bmm(probs, values_t).reshape(heads * head_dim)
+    torch.bmm(probs, values_t, out=out.view(kv_heads, heads // kv_heads, head_dim))
     return out
