@@ -2,9 +2,10 @@
 row bit-identical on this machine, alone or batched.
 
 It probes the paths in order (a row alone against the same row in batches of 3, 13, 16,
-64 and 515, plus one decode step of a model alone against the same step batched) and reports the first
-that passes, with the value of ``MKL_CBWR``, for the reproducibility block. It lives apart
-from the paths because it drives a model, and the model uses the paths.
+64 and 515, plus one decode step of a model alone against the same step batched) and
+reports the first that passes, with the value of ``MKL_CBWR``, for the reproducibility
+block. It lives apart from the paths because it drives a model, and the model uses the
+paths.
 """
 
 from __future__ import annotations
