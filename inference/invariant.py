@@ -108,8 +108,7 @@ def padded_linear(
     padded = -(-rows // CHUNK_ROWS) * CHUNK_ROWS
     if padded != rows:
         x = F.pad(x, (0, 0, 0, padded - rows))  # one op: a decode step has many small calls
-    elif not x.is_contiguous():
-        x = x.contiguous()
+    x = x.contiguous()  # itself when it already is
     if padded <= MAX_CALL_ROWS:
         out = F.linear(x, weight)
     else:

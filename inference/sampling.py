@@ -173,10 +173,15 @@ def _from_sorted(probs: torch.Tensor, keep: int, u: float, top_p: float) -> int:
     if top_p < 1:
         mass = torch.cumsum(sorted_probs, dim=0)
         keep = min(keep, int((mass < top_p).sum()) + 1)
-    cumulative = torch.cumsum(sorted_probs[:keep], dim=0)
+    return _at(torch.cumsum(sorted_probs[:keep], dim=0), order, u)
+
+
+def _at(cumulative: torch.Tensor, order: torch.Tensor, u: float) -> int:
+    """The token whose span of ``cumulative`` (the sums of the tokens kept, in ``order``)
+    holds ``u`` times their total: the inverse-CDF step both paths share."""
     target = torch.tensor(u * float(cumulative[-1]), dtype=torch.float64)
     position = int(torch.searchsorted(cumulative, target, right=True))
-    return int(order[min(position, keep - 1)])
+    return int(order[min(position, cumulative.numel() - 1)])
 
 
 def _from_prefix(probs: torch.Tensor, keep: int, u: float, top_p: float) -> int | None:
@@ -198,10 +203,7 @@ def _from_prefix(probs: torch.Tensor, keep: int, u: float, top_p: float) -> int 
     if top_p < 1:
         if float(mass[-1]) < top_p:
             return None
-        keep = int((mass < top_p).sum()) + 1
-        target = torch.tensor(u * float(mass[keep - 1]), dtype=torch.float64)
-        position = int(torch.searchsorted(mass[:keep], target, right=True))
-        return int(order[min(position, keep - 1)])
+        return _at(mass[: int((mass < top_p).sum()) + 1], order, u)
     total = float(probs.sum())
     slack = total * _SUM_SLACK * probs.numel()
     bounds = torch.tensor([u * total - slack, u * total + slack], dtype=torch.float64)
