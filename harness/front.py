@@ -35,6 +35,7 @@ from attestation.relay import error_reply
 from attestation.tls_identity import TlsIdentity
 from harness.panel.prefix import PANEL_ROOT, under
 from harness.state import Home, HomeMissing
+from harness.tls_h11 import TlsH11Protocol
 
 __all__ = ["PANEL_ROOT", "SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
 
@@ -204,6 +205,7 @@ class Front:
                 timeout_keep_alive=30,  # past clients' 5 s: they let go first (egress_proxy.server)
                 ssl_keyfile=str(tls.key_file),
                 ssl_certfile=str(tls.cert_file),
+                http=TlsH11Protocol,  # idle clients do not hold a stopping front (its notes)
             )
         )
         self._thread: threading.Thread | None = None
@@ -221,11 +223,16 @@ class Front:
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
+        """Stop serving; requests under way may take ``timeout`` seconds to finish."""
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout)
-            self._thread = None
         self._sock.close()
+
+    @property
+    def running(self) -> bool:
+        """Whether the listener's thread still runs (after ``stop``: it outlived ``timeout``)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def __enter__(self) -> Front:
         return self.start()

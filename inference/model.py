@@ -178,6 +178,14 @@ class DecoderModel:
             hidden = self._forward([(cache, token_ids)])
             return self._linear(hidden[-1:], self._lm_head, None)[0]
 
+    def extend(self, segments: list[tuple[SequenceCache, list[int]]]) -> None:
+        """Append each segment's tokens to its cache, all in one forward pass and with no
+        logits: the linear layers read the weights once for every segment."""
+        if any(not tokens for _, tokens in segments) or not segments:
+            raise ValueError("extend needs at least one token for each of its caches")
+        with torch.inference_mode():
+            self._forward(segments)
+
     def prefill_all(self, cache: SequenceCache, token_ids: list[int]) -> torch.Tensor:
         """As :meth:`prefill`, but logits ``[len(token_ids), vocab]`` of every position."""
         if not token_ids:

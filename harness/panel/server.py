@@ -52,6 +52,8 @@ def _base(host: str, sock: socket.socket, scheme: str = "http") -> str:
 def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
     import uvicorn
 
+    from harness.tls_h11 import TlsH11Protocol
+
     return uvicorn.Server(
         uvicorn.Config(
             app,
@@ -59,6 +61,7 @@ def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
             access_log=False,
             ssl_keyfile=str(tls.key_file) if tls is not None else None,
             ssl_certfile=str(tls.cert_file) if tls is not None else None,
+            http=TlsH11Protocol if tls is not None else "auto",
         )
     )
 

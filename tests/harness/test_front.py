@@ -262,6 +262,29 @@ def test_a_failing_tee_and_a_gone_proxy_are_said_not_traced(tmp_path: Path) -> N
         Front("127.0.0.1", 0, tls_identity(other), Attested(Relay(gone), identity, _BrokenTee()))
 
 
+def test_a_client_idle_on_a_kept_alive_connection_does_not_hold_a_stopping_front(
+    tmp_path: Path,
+) -> None:
+    """Closing TLS waits for the peer's close_notify (asyncio: 30 s), which an idle client
+    never sends: the front drops idle connections instead, and stops within its wait."""
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from harness.front import Attested, Front
+
+    key = tls_identity(tmp_path)
+    identity = ChannelIdentity("log+key", b"\x01" * 32, key.spki_sha256)
+    front = Front(
+        "127.0.0.1", 0, key, Attested(Relay("http://127.0.0.1:9"), identity, _BrokenTee())
+    )
+    with front, httpx.Client(verify=False, timeout=30) as client:
+        reply = client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
+        assert reply.status_code == 503  # answered; the connection stays open, idle
+        front.stop(timeout=10)  # well under the 30 s a close_notify may be waited for
+        assert not front.running
+        with pytest.raises(httpx.TransportError):  # the idle connection is gone
+            client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
+
+
 def test_session_new_names_the_outside_address(
     front: tuple[Home, str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
@@ -54,11 +55,70 @@ def test_self_test_passes_and_reports_its_path() -> None:
 
 
 def test_self_test_on_a_model_leaves_it_on_the_chosen_path(tiny_model: DecoderModel) -> None:
-    report = self_test(tiny_model, batch_sizes=(3, 16), decode_batch_sizes=(3,))
+    report = self_test(tiny_model, batch_sizes=(3, 16), decode_batch_sizes=(5,))
     assert report.passed
     assert tiny_model.linear_path == report.path
     assert {c.name for c in report.checks} >= {"linear q_proj", "linear lm_head", "decode step"}
     tiny_model.linear_path = "fixed-chunk-8"
+
+
+def test_the_self_test_names_each_place_that_gets_other_bits(
+    tiny_model: DecoderModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe sits at three places of one product (or one decode step) at once; each
+    place is still judged on its own: a kernel that rounds only the last row of a product
+    differently, and a decode step that does so only for the middle sequence, are named
+    at exactly those places, and no path passes."""
+
+    def last_row_off(path: str) -> object:
+        def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> object:
+            out = padded_linear(x, weight, bias)  # invariant here, but for the last row:
+            if x.shape[0] > 1:
+                out[-1] = torch.nextafter(out[-1], torch.full_like(out[-1], math.inf))
+            return out
+
+        return linear
+
+    with monkeypatch.context() as patched:
+        patched.setattr("inference.self_test.linear_for", last_row_off)
+        report = self_test(batch_sizes=(3, 13, 16))
+    assert not report.passed and report.path == "per-row"
+    linear_checks = [c for c in report.checks if c.name.startswith("linear")]
+    assert linear_checks and {c.detail for c in linear_checks} == {
+        "differs: batch 3 row 2, batch 13 row 12, batch 16 row 15"
+    }
+
+    real_decode = tiny_model.decode
+
+    def middle_off(caches: list[SequenceCache], token_ids: list[int]) -> torch.Tensor:
+        logits = real_decode(caches, token_ids)
+        if len(caches) > 1:
+            middle = len(caches) // 2
+            logits[middle] = torch.nextafter(logits[middle], torch.full_like(logits[middle], 0))
+        return logits
+
+    monkeypatch.setattr(tiny_model, "decode", middle_off)
+    report = self_test(tiny_model, batch_sizes=(3,), decode_batch_sizes=(5, 16))
+    decode_checks = [c for c in report.checks if c.name == "decode step"]
+    assert not report.passed and len(decode_checks) == len(PATHS) - 1  # not per-row's
+    assert {c.detail for c in decode_checks} == {"differs: batch 5 row 2, batch 16 row 8"}
+    tiny_model.linear_path = "fixed-chunk-8"
+
+
+def test_extend_fills_each_cache_as_its_own_prefill_does(tiny_model: DecoderModel) -> None:
+    rng = random.Random(9)
+    vocab = tiny_model.config.vocab_size
+    prompts = [_prompt(rng, vocab, n) for n in (1, 5, 17, 3)]
+    together = [tiny_model.new_cache() for _ in prompts]
+    tiny_model.extend(list(zip(together, prompts, strict=True)))
+    for cache, prompt in zip(together, prompts, strict=True):
+        alone = tiny_model.new_cache()
+        tiny_model.prefill(alone, prompt)
+        assert cache.length == alone.length == len(prompt)
+        token = rng.randrange(vocab)
+        assert torch.equal(tiny_model.decode([cache], [token]), tiny_model.decode([alone], [token]))
+    with pytest.raises(ValueError, match="at least one token"):
+        tiny_model.extend([(tiny_model.new_cache(), [])])
 
 
 @pytest.mark.parametrize("linear", [padded_linear, invariant_linear, per_row_linear])
