@@ -170,10 +170,10 @@ class Sampler:
 def _from_sorted(probs: torch.Tensor, keep: int, u: float, top_p: float) -> int:
     """The token at ``u`` of the first ``keep`` tokens in the fixed order (the definition)."""
     sorted_probs, order = _head(probs, keep)
-    if top_p < 1:
-        mass = torch.cumsum(sorted_probs, dim=0)
-        keep = min(keep, int((mass < top_p).sum()) + 1)
-    return _at(torch.cumsum(sorted_probs[:keep], dim=0), order, u)
+    mass = torch.cumsum(sorted_probs, dim=0)
+    if top_p < 1:  # a prefix of a sequential sum is the sum of the prefix (_from_prefix)
+        mass = mass[: min(keep, int((mass < top_p).sum()) + 1)]
+    return _at(mass, order, u)
 
 
 def _at(cumulative: torch.Tensor, order: torch.Tensor, u: float) -> int:
