@@ -23,6 +23,7 @@ suffix after a cached prefix gives the same logits as prefilling the whole promp
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,13 +179,16 @@ class DecoderModel:
             hidden = self._forward([(cache, token_ids)])
             return self._linear(hidden[-1:], self._lm_head, None)[0]
 
-    def extend(self, segments: list[tuple[SequenceCache, list[int]]]) -> None:
-        """Append each segment's tokens to its cache, all in one forward pass and with no
-        logits: the linear layers read the weights once for every segment."""
-        if any(not tokens for _, tokens in segments) or not segments:
-            raise ValueError("extend needs at least one token for each of its caches")
+    def prefill_many(self, segments: list[tuple[SequenceCache, list[int]]]) -> torch.Tensor:
+        """:meth:`prefill` of several caches in one forward pass: logits ``[len(segments),
+        vocab]`` of each segment's last token. The linear layers read the weights once for
+        all of them, and each row is the bits its own prefill gives (batch invariance)."""
+        if not segments or any(not tokens for _, tokens in segments):
+            raise ValueError("prefill needs at least one token for each of its caches")
         with torch.inference_mode():
-            self._forward(segments)
+            hidden = self._forward(segments)
+            ends = torch.tensor(list(itertools.accumulate(len(t) for _, t in segments))) - 1
+            return self._linear(hidden[ends], self._lm_head, None)
 
     def prefill_all(self, cache: SequenceCache, token_ids: list[int]) -> torch.Tensor:
         """As :meth:`prefill`, but logits ``[len(token_ids), vocab]`` of every position."""

@@ -2,14 +2,15 @@
 
 Each step of the loop (:meth:`Scheduler._run`):
 
-1. admit the waiting requests: each is prefilled alone and in one shot (from position 0,
-   or after a prefix the :class:`~inference.prefix_cache.PrefixCache` of its scope held),
-   and its first token is sampled from the prefill logits;
+1. admit the waiting requests: each is prefilled in one shot (from position 0, or after
+   a prefix the :class:`~inference.prefix_cache.PrefixCache` of its scope held), those
+   admitted together in one forward pass, and its first token is sampled from the prefill
+   logits;
 2. run one :meth:`DecoderModel.decode` over every running sequence;
 3. sample each sequence's row with that request's own :class:`Sampler`, whose generator
    is seeded from the request's seed alone.
 
-Requests never share a cache, a generator or a prefill, and the model's decode rows do
+Requests never share a cache or a generator, and the model's rows, prefill or decode, do
 not depend on the batch (see :mod:`inference.invariant`), so a pinned request draws the
 same tokens however many others run beside it. Each sequence records the largest number
 of other sequences it shared a decode step with (``batch_peers_max``), so a test can show
@@ -85,6 +86,10 @@ class Job:
     constraint: Constraint | None = None
     scope: str | None = None
     stream_text: bool = True
+
+
+#: The most prompt tokens prefilled together in one forward pass.
+PREFILL_PASS_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -323,8 +328,7 @@ class Scheduler:
                     admit.append(self._waiting.popleft())
                 self._admitted += len(admit)
             try:
-                for seq in admit:
-                    self._admit(seq)
+                self._admit(admit)
                 self._step()
             except Exception as exc:  # a bug here must not strand every waiting client
                 log.exception("scheduler step failed")
@@ -339,7 +343,29 @@ class Scheduler:
         for seq in leftover:
             self._finish(seq, "error", "the engine is shutting down")
 
-    def _admit(self, seq: _Seq) -> None:
+    def _admit(self, admit: list[_Seq]) -> None:
+        """Prefill the sequences admitted in one step together: one forward pass reads the
+        weights once, where one pass each read them once per sequence, and each row is the
+        bits its own prefill gives (batch invariance). Should that pass fail, each is
+        prefilled alone, so that a request that cannot be prefilled fails alone."""
+        for group in _passes([seq for seq in admit if self._prepare(seq)]):
+            if len(group) > 1:
+                segments = [_unprefilled(seq) for seq in group]
+                lengths = [cache.length for cache, _ in segments]
+                try:
+                    logits = self.model.prefill_many(segments)
+                except Exception:
+                    for (cache, _), length in zip(segments, lengths, strict=True):
+                        cache.truncate(length)  # where the failed pass got as far as lm_head
+                else:
+                    for seq, row in zip(group, logits, strict=True):
+                        self._start(seq, row)
+                    continue
+            for seq in group:
+                self._start(seq, None)
+
+    def _prepare(self, seq: _Seq) -> bool:
+        """The sequence's sampler and cache (a prefix-cache hit's, or a new one)."""
         job = seq.job
         try:
             seq.sampler = Sampler(job.params, seed=job.seed)
@@ -348,7 +374,19 @@ class Scheduler:
                 hit = self.prefix_cache.lookup(job.scope, job.prompt_ids)
             seq.cache = hit.cache if hit else self.model.new_cache()
             seq.cached = hit.cached if hit else 0
-            logits = self.model.prefill(seq.cache, job.prompt_ids[seq.cached :])
+        except Exception as exc:
+            log.exception("prefill failed")
+            self._finish(seq, "error", f"prefill failed: {exc}")
+            return False
+        return True
+
+    def _start(self, seq: _Seq, logits: torch.Tensor | None) -> None:
+        """Its first token from its prefill's ``logits`` (``None``: prefill it alone now)."""
+        job = seq.job
+        try:
+            if logits is None:
+                logits = self.model.prefill(*_unprefilled(seq))
+            assert seq.cache is not None
             if job.scope is not None and self.prefix_cache is not None:
                 self._remember(job.scope, job.prompt_ids, seq.cache.clone())
             self._sample(seq, logits.clone())
@@ -465,3 +503,25 @@ class Scheduler:
                 error=error,
             ),
         )
+
+
+def _unprefilled(seq: _Seq) -> tuple[SequenceCache, list[int]]:
+    """A prepared sequence's cache and the prompt tokens it does not hold yet."""
+    assert seq.cache is not None
+    return seq.cache, seq.job.prompt_ids[seq.cached :]
+
+
+def _passes(ready: list[_Seq]) -> list[list[_Seq]]:
+    """``ready`` in admission order, cut into prefill passes of at most
+    :data:`PREFILL_PASS_TOKENS` tokens (a longer prompt: a pass of its own, as alone), so
+    that prefilling together never holds more activations than one long prompt does."""
+    passes: list[list[_Seq]] = []
+    tokens = 0
+    for seq in ready:
+        n = len(_unprefilled(seq)[1])
+        if not passes or tokens + n > PREFILL_PASS_TOKENS:
+            passes.append([])
+            tokens = 0
+        passes[-1].append(seq)
+        tokens += n
+    return passes

@@ -168,7 +168,7 @@ def _decode_check(
         positions = _positions(batch)
         others = [model.new_cache() for _ in range(batch - len(positions))]
         if others:
-            model.extend([(cache, tokens(1 + i % 7)) for i, cache in enumerate(others)])
+            model.prefill_many([(cache, tokens(1 + i % 7)) for i, cache in enumerate(others)])
         peers = iter(others)
         caches = [probe.clone() if p in positions else next(peers) for p in range(batch)]
         steps = tokens(batch)

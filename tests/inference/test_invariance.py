@@ -105,20 +105,21 @@ def test_the_self_test_names_each_place_that_gets_other_bits(
     tiny_model.linear_path = "fixed-chunk-8"
 
 
-def test_extend_fills_each_cache_as_its_own_prefill_does(tiny_model: DecoderModel) -> None:
+def test_prefill_many_fills_each_cache_as_its_own_prefill_does(tiny_model: DecoderModel) -> None:
     rng = random.Random(9)
     vocab = tiny_model.config.vocab_size
     prompts = [_prompt(rng, vocab, n) for n in (1, 5, 17, 3)]
     together = [tiny_model.new_cache() for _ in prompts]
-    tiny_model.extend(list(zip(together, prompts, strict=True)))
-    for cache, prompt in zip(together, prompts, strict=True):
+    logits = tiny_model.prefill_many(list(zip(together, prompts, strict=True)))
+    assert logits.shape == (len(prompts), vocab)
+    for row, cache, prompt in zip(logits, together, prompts, strict=True):
         alone = tiny_model.new_cache()
-        tiny_model.prefill(alone, prompt)
+        assert torch.equal(row, tiny_model.prefill(alone, prompt))
         assert cache.length == alone.length == len(prompt)
         token = rng.randrange(vocab)
         assert torch.equal(tiny_model.decode([cache], [token]), tiny_model.decode([alone], [token]))
     with pytest.raises(ValueError, match="at least one token"):
-        tiny_model.extend([(tiny_model.new_cache(), [])])
+        tiny_model.prefill_many([(tiny_model.new_cache(), [1]), (tiny_model.new_cache(), [])])
 
 
 @pytest.mark.parametrize("linear", [padded_linear, invariant_linear, per_row_linear])

@@ -305,3 +305,66 @@ def test_a_broken_prefix_cache_costs_reuse_not_replies(
         assert done.reason == "length" and len(done.token_ids) == 4
     finally:
         s.close()
+
+
+def test_requests_admitted_together_are_prefilled_in_one_pass(
+    scheduler: Scheduler,
+    tokenizer: ChatTokenizer,
+    tiny_model: DecoderModel,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One forward pass for every request of a step (the weights read once, not once per
+    request); each draws what it draws alone (shown at larger batches by
+    ``test_a_request_draws_the_same_alone_and_in_batches``)."""
+    passes: list[int] = []
+    pass_tokens: list[int] = []
+    alone_calls: list[int] = []
+    many, one = tiny_model.prefill_many, tiny_model.prefill
+
+    def counted_many(segments: list[tuple[SequenceCache, list[int]]]) -> torch.Tensor:
+        passes.append(len(segments))
+        pass_tokens.append(sum(len(ids) for _, ids in segments))
+        return many(segments)
+
+    def counted_one(cache: SequenceCache, ids: list[int]) -> torch.Tensor:
+        alone_calls.append(len(ids))
+        return one(cache, ids)
+
+    monkeypatch.setattr(tiny_model, "prefill_many", counted_many)
+    monkeypatch.setattr(tiny_model, "prefill", counted_one)
+    jobs = [_job(tokenizer, f"together {i}", seed=i, max_tokens=3) for i in range(6)]
+    runs = _batch(scheduler, jobs)
+    assert passes == [6] and alone_calls == []
+    assert all(run.result().reason == "length" for run in runs)
+    # a bounded pass: never more prompt tokens together than the limit (a longer prompt
+    # alone), so a crowd of long prompts holds no more activations than one of them
+    size = len(jobs[0].prompt_ids)
+    monkeypatch.setattr("inference.scheduler.PREFILL_PASS_TOKENS", 2 * size + 1)
+    passes.clear()
+    pass_tokens.clear()
+    longer = _job(tokenizer, "together, but much longer than the others " * 3, seed=9)
+    runs = _batch(scheduler, [*jobs[:3], longer, *jobs[3:]])
+    # in order: [0 1] [2] [longer] [3 4] [5]; a pass of one is a plain prefill
+    assert passes == [2, 2] and pass_tokens == [2 * size] * 2, (passes, pass_tokens)
+    assert alone_calls == [size, len(longer.prompt_ids), size]
+    assert all(run.result().reason == "length" for run in runs)
+
+
+def test_a_request_that_cannot_be_prefilled_fails_alone_among_others(
+    scheduler: Scheduler, tokenizer: ChatTokenizer
+) -> None:
+    """The shared pass refuses a token id out of range; the others are prefilled alone,
+    each once (what they draw is what they draw alone), and the bad one fails."""
+    good = [_job(tokenizer, f"fine {i}", seed=20 + i, max_tokens=5) for i in range(2)]
+    alone = [_drawn(Run(scheduler, job)) for job in good]
+    bad = _job(tokenizer, "broken", seed=3)
+    bad.prompt_ids = [*bad.prompt_ids, tokenizer.vocab_size + 7]
+    runs = _batch(scheduler, [good[0], bad, good[1]])
+    assert [r.result().reason for r in runs] == ["length", "error", "length"]
+    assert "prefill failed" in (runs[1].result().error or "")
+    assert [runs[0].draws(), runs[2].draws()] == alone
+
+
+def _drawn(run: Run) -> list[tuple[int, float, tuple[tuple[int, float], ...]]]:
+    run.result()
+    return run.draws()
