@@ -175,9 +175,7 @@ class DecoderModel:
         """Append ``token_ids`` to ``cache``; logits ``[vocab]`` of the last of them."""
         if not token_ids:
             raise ValueError("prefill needs at least one token")
-        with torch.inference_mode():
-            hidden = self._forward([(cache, token_ids)])
-            return self._linear(hidden[-1:], self._lm_head, None)[0]
+        return self._last_logits([(cache, token_ids)])[0]
 
     def prefill_many(self, segments: list[tuple[SequenceCache, list[int]]]) -> torch.Tensor:
         """:meth:`prefill` of several caches in one forward pass: logits ``[len(segments),
@@ -185,6 +183,10 @@ class DecoderModel:
         all of them, and each row is the bits its own prefill gives (batch invariance)."""
         if not segments or any(not tokens for _, tokens in segments):
             raise ValueError("prefill needs at least one token for each of its caches")
+        return self._last_logits(segments)
+
+    def _last_logits(self, segments: list[tuple[SequenceCache, list[int]]]) -> torch.Tensor:
+        """The forward pass of both prefills: logits of each segment's last token."""
         with torch.inference_mode():
             hidden = self._forward(segments)
             ends = torch.tensor(list(itertools.accumulate(len(t) for _, t in segments))) - 1
