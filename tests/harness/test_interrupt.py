@@ -33,6 +33,15 @@ from tests.harness.rig import PINS, named, web_appliance
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "affidavit"]
+#: The CLI as a terminal starts its foreground job: SIGINT at its default. A test run started
+#: in the background (``make test &``) has SIGINT ignored; a child inherits that, Python then
+#: leaves it ignored, and the Ctrl-C this test sends would never reach the turn.
+FOREGROUND = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'affidavit', *sys.argv[1:]])",
+]
 #: web_search forced at step 0, then words: the turn has a tool step to stop around.
 POLICY = TurnPolicy(3, (named("web_search"), "none"))
 LINE = re.compile(
@@ -88,7 +97,7 @@ def test_ctrl_c_says_where_the_turn_stopped_and_how_to_resume(up: RunningApplian
     home = up.home
     session = open_session(home, PINS, policy=POLICY).session_id
     with subprocess.Popen(
-        [*CLI, "turn", session, "What does the web say?", "--home", str(home.root)],
+        [*FOREGROUND, "turn", session, "What does the web say?", "--home", str(home.root)],
         cwd=REPO,
         env=_env(),
         stdout=subprocess.PIPE,
