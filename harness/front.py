@@ -35,13 +35,16 @@ from attestation.relay import error_reply
 from attestation.tls_identity import TlsIdentity
 from harness.panel.prefix import PANEL_ROOT, under
 from harness.state import Home, HomeMissing
-from harness.tls_h11 import TlsH11Protocol
+from harness.tls_h11 import TlsH11Protocol, allow_open_files
 
 __all__ = ["PANEL_ROOT", "SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
 
 #: What the front relays to the proxy: the sessions' routes (``/s/{session}/…``: the model
 #: APIs, MCP, fetch), never the proxy's other routes (``/metrics`` counts every session's calls).
 SESSION_ROUTES = ("/s/",)
+#: How long a client may stay silent on a connection: past clients' own 5 s, so a client
+#: lets go of an idle connection first (as ``egress_proxy.server`` explains).
+KEEP_ALIVE_S = 30
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -180,7 +183,11 @@ class Front:
         port: int,
         tls: TlsIdentity,
         app: Attested,
+        *,
+        keep_alive_s: int = KEEP_ALIVE_S,
     ) -> None:
+        """``keep_alive_s``: how long a client may stay silent on a connection, before its
+        first request as after a reply (``harness.tls_h11``)."""
         if app.identity.tls_spki_sha256 != tls.spki_sha256:
             raise ValueError("the identity binds another TLS key than the one served")
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -202,15 +209,16 @@ class Front:
                 log_level="warning",
                 access_log=False,
                 lifespan="on",
-                timeout_keep_alive=30,  # past clients' 5 s: they let go first (egress_proxy.server)
+                timeout_keep_alive=keep_alive_s,
                 ssl_keyfile=str(tls.key_file),
                 ssl_certfile=str(tls.cert_file),
-                http=TlsH11Protocol,  # idle clients do not hold a stopping front (its notes)
+                http=TlsH11Protocol,  # a hostile peer holds no socket for long (its notes)
             )
         )
         self._thread: threading.Thread | None = None
 
     def start(self, timeout: float = 10.0) -> Front:
+        allow_open_files()
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

@@ -52,8 +52,10 @@ def _base(host: str, sock: socket.socket, scheme: str = "http") -> str:
 def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
     import uvicorn
 
-    from harness.tls_h11 import TlsH11Protocol
+    from harness.tls_h11 import TlsH11Protocol, allow_open_files
 
+    if tls is not None:
+        allow_open_files()
     return uvicorn.Server(
         uvicorn.Config(
             app,

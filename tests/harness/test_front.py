@@ -8,12 +8,15 @@ other request relayed to the proxy unchanged, streamed. No TEE exists here: with
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -335,3 +338,132 @@ def test_the_front_relays_only_the_sessions_routes(front: tuple[Home, str, str])
             reply = client.get(url + path)
             assert reply.status_code == 404, path
             assert reply.json()["error"]["code"] == "not_found", path
+
+
+def _tls_to(url: str) -> ssl.SSLSocket:
+    """A TLS connection to ``url``, handshake done, nothing sent."""
+    host, port = url.removeprefix("https://").rsplit(":", 1)
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context.wrap_socket(socket.create_connection((host, int(port)), timeout=10))
+
+
+def _ended(conn: ssl.SSLSocket, within: float) -> bool:
+    """Whether the server ends ``conn`` within ``within`` seconds (what it sent is read)."""
+    conn.settimeout(within)
+    try:
+        while conn.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    except (ConnectionError, ssl.SSLError):
+        pass
+    return True
+
+
+class _SlowUpstream(http.server.BaseHTTPRequestHandler):
+    """Answers every GET after 3 s: longer than the front below lets a client stay silent."""
+
+    def do_GET(self) -> None:
+        time.sleep(3)
+        body = b"late but whole"
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_a_silent_or_trickling_client_loses_its_connection(tmp_path: Path) -> None:
+    """uvicorn times out a connection only after a reply, and only until its next byte: a
+    peer that said nothing, or trickled a request head, held its socket for ever. The front
+    drops both after its keep-alive time, and a request under way longer still finishes."""
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from harness.front import SESSION_ROUTES, Attested, Front
+
+    key = tls_identity(tmp_path)
+    identity = ChannelIdentity("log+key", b"\x01" * 32, key.spki_sha256)
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowUpstream)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    relay = Relay(f"http://127.0.0.1:{upstream.server_port}", only=SESSION_ROUTES)
+    front = Front("127.0.0.1", 0, key, Attested(relay, identity, _BrokenTee()), keep_alive_s=1)
+    try:
+        with front, httpx.Client(verify=False, timeout=30) as client:
+            silent, trickling = _tls_to(front.url), _tls_to(front.url)
+            head = b"GET /attestation HTTP/1.1\r\nhost: front\r\nx-pad: " + b"a" * 64
+            trickling.settimeout(0.25)
+            sent = 0
+            for byte in head:  # a byte every 0.25 s: 16 s for the whole head, were it kept
+                try:
+                    trickling.sendall(bytes([byte]))
+                    if trickling.recv(1) == b"":
+                        break
+                except TimeoutError:
+                    sent += 1
+                    continue
+                except (ConnectionError, ssl.SSLError):
+                    break
+            assert sent < len(head), "the trickling client was never dropped"
+            assert _ended(silent, within=5), "a client that sent nothing kept its connection"
+
+            late = client.get(f"{front.url}/s/any/v1/models")  # 3 s, past the keep-alive time
+            assert (late.status_code, late.text) == (200, "late but whole")
+            answered = client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
+            assert answered.status_code == 503  # a prompt client is served
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def test_connections_past_the_cap_are_dropped_and_the_rest_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood of connections costs the appliance at most ``max_connections`` sockets: one
+    past them is ended as soon as it is made; once one of them goes, a client is served."""
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from harness.front import Attested, Front
+    from harness.tls_h11 import TlsH11Protocol
+
+    monkeypatch.setattr(TlsH11Protocol, "max_connections", 4)
+    key = tls_identity(tmp_path)
+    identity = ChannelIdentity("log+key", b"\x01" * 32, key.spki_sha256)
+    front = Front(
+        "127.0.0.1", 0, key, Attested(Relay("http://127.0.0.1:9"), identity, _BrokenTee())
+    )
+    with front:
+        held = [_tls_to(front.url) for _ in range(4)]
+        assert not any(_ended(conn, within=0.5) for conn in held)  # all four kept
+        assert _ended(_tls_to(front.url), within=5)  # the fifth is not
+        held.pop().close()
+        time.sleep(0.5)  # the server sees it go
+        with httpx.Client(verify=False, timeout=30) as client:
+            answered = client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
+        assert answered.status_code == 503
+        for conn in held:
+            conn.close()
+
+
+def test_the_process_may_open_a_full_front_of_sockets_beside_its_own_files() -> None:
+    """A service starts with 1,024 open files, fewer than a full front and the appliance's
+    own: the listener raises the soft limit toward the hard one (never lowers it)."""
+    script = (
+        "import resource\n"
+        "from harness.tls_h11 import MAX_CONNECTIONS, OWN_FILES, allow_open_files\n"
+        "hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "allow_open_files()\n"
+        "soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "assert soft == min(hard, MAX_CONNECTIONS + OWN_FILES), (soft, hard)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))\n"
+        "allow_open_files()\n"
+        "assert resource.getrlimit(resource.RLIMIT_NOFILE) == (hard, hard)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
