@@ -31,6 +31,9 @@ MAX_CONNECTIONS = 1024
 #: Open files the process keeps for itself beside a listener's connections (the record's
 #: database and journal, the engine's model, the control socket, pipes, logs).
 OWN_FILES = 1024
+#: Sockets one connection may hold in this process: a request the front relays holds the
+#: client's, the relay's to the proxy, and the proxy's end of that one.
+FILES_PER_CONNECTION = 3
 
 
 class TlsH11Protocol(H11Protocol):
@@ -81,9 +84,9 @@ class TlsH11Protocol(H11Protocol):
 
 def allow_open_files(connections: int = MAX_CONNECTIONS) -> None:
     """Raise this process's soft limit on open files (toward the hard one) so that it can
-    hold ``connections`` sockets beside its own files; never lowers it."""
+    hold ``connections`` and what they relay beside its own files; never lowers it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = connections + OWN_FILES
+    want = connections * FILES_PER_CONNECTION + OWN_FILES
     if soft == resource.RLIM_INFINITY or soft >= want:
         return
     resource.setrlimit(
