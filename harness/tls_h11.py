@@ -7,8 +7,9 @@
   the engine and the record share with it. Here every connection must deliver a whole
   request head within the keep-alive time, after connecting as after each reply, or it is
   aborted. (The TLS handshake before it is asyncio's to bound: 60 s.)
-- **At most** ``max_connections`` **are open at once.** Past that a new connection is dropped
-  as soon as it is made, and :func:`allow_open_files` lets the process hold that many sockets
+- **At most** ``max_connections`` **are open at once, and** ``max_per_peer`` **from one
+  address.** Past either a new connection is dropped as soon as it is made, so one peer
+  cannot take every place; :func:`allow_open_files` lets the process hold those sockets
   beside its own files (a service starts with 1,024).
 - **Idle connections are aborted at shutdown.** Closing TLS sends ``close_notify`` and waits
   for the peer's (asyncio: up to 30 s); a client idle on a kept-alive connection reads
@@ -24,10 +25,13 @@ import resource
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["MAX_CONNECTIONS", "TlsH11Protocol", "allow_open_files"]
+__all__ = ["MAX_CONNECTIONS", "MAX_PER_PEER", "TlsH11Protocol", "allow_open_files"]
 
 #: Connections one outside-facing listener keeps open at once.
 MAX_CONNECTIONS = 1024
+#: Of those, from one address: one peer cannot take every place (many users behind one NAT
+#: still can share it, an SDK's pool holding up to 100 each).
+MAX_PER_PEER = 256
 #: Open files the process keeps for itself beside a listener's connections (the record's
 #: database and journal, the engine's model, the control socket, pipes, logs).
 OWN_FILES = 1024
@@ -41,11 +45,15 @@ class TlsH11Protocol(H11Protocol):
     connections aborted rather than closed when the server stops."""
 
     max_connections = MAX_CONNECTIONS
+    max_per_peer = MAX_PER_PEER
     _head_deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.max_connections:
+        peer = self.client[0] if self.client else None
+        addresses = [getattr(c, "client", None) for c in self.connections]
+        from_peer = sum(1 for a in addresses if a and a[0] == peer)
+        if len(self.connections) > self.max_connections or from_peer > self.max_per_peer:
             transport.abort()
             return
         self._await_head()

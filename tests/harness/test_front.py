@@ -340,13 +340,15 @@ def test_the_front_relays_only_the_sessions_routes(front: tuple[Home, str, str])
             assert reply.json()["error"]["code"] == "not_found", path
 
 
-def _tls_to(url: str) -> ssl.SSLSocket:
-    """A TLS connection to ``url``, handshake done, nothing sent."""
+def _tls_to(url: str, source: str = "127.0.0.1") -> ssl.SSLSocket:
+    """A TLS connection to ``url`` from the loopback address ``source``, handshake done,
+    nothing sent."""
     host, port = url.removeprefix("https://").rsplit(":", 1)
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    return context.wrap_socket(socket.create_connection((host, int(port)), timeout=10))
+    raw = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+    return context.wrap_socket(raw)
 
 
 def _ended(conn: ssl.SSLSocket, within: float) -> bool:
@@ -419,27 +421,29 @@ def test_a_silent_or_trickling_client_loses_its_connection(tmp_path: Path) -> No
         upstream.server_close()
 
 
-def test_connections_past_the_cap_are_dropped_and_the_rest_served(
+def test_connections_past_the_caps_are_dropped_and_the_rest_served(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A flood of connections costs the appliance at most ``max_connections`` sockets: one
-    past them is ended as soon as it is made; once one of them goes, a client is served."""
+    """A flood of connections costs the appliance at most ``max_connections`` sockets, and
+    one address at most ``max_per_peer`` of them: a connection past either is ended as soon
+    as it is made, while another address still gets in; once one goes, a client is served."""
     from attestation.channel import ChannelIdentity
     from attestation.relay import Relay
     from harness.front import Attested, Front
     from harness.tls_h11 import TlsH11Protocol
 
     monkeypatch.setattr(TlsH11Protocol, "max_connections", 4)
+    monkeypatch.setattr(TlsH11Protocol, "max_per_peer", 3)
     key = tls_identity(tmp_path)
     identity = ChannelIdentity("log+key", b"\x01" * 32, key.spki_sha256)
-    front = Front(
-        "127.0.0.1", 0, key, Attested(Relay("http://127.0.0.1:9"), identity, _BrokenTee())
-    )
-    with front:
-        held = [_tls_to(front.url) for _ in range(4)]
+    relay = Relay("http://127.0.0.1:9")
+    with Front("127.0.0.1", 0, key, Attested(relay, identity, _BrokenTee())) as front:
+        held = [_tls_to(front.url) for _ in range(3)]
+        assert _ended(_tls_to(front.url), within=5)  # a fourth from the same address is not
+        held.append(_tls_to(front.url, source="127.0.0.2"))  # another address gets in
         assert not any(_ended(conn, within=0.5) for conn in held)  # all four kept
-        assert _ended(_tls_to(front.url), within=5)  # the fifth is not
-        held.pop().close()
+        assert _ended(_tls_to(front.url, source="127.0.0.3"), within=5)  # a fifth is not
+        held.pop(0).close()
         time.sleep(0.5)  # the server sees it go
         with httpx.Client(verify=False, timeout=30) as client:
             answered = client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
