@@ -45,6 +45,8 @@ SESSION_ROUTES = ("/s/",)
 #: How long a client may stay silent on a connection: past clients' own 5 s, so a client
 #: lets go of an idle connection first (as ``egress_proxy.server`` explains).
 KEEP_ALIVE_S = 30
+#: The listener's event loop (``harness.tls_h11``: a TLS handshake bounded in time).
+LOOP = "harness.tls_h11:handshake_bounded_loop"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -213,6 +215,7 @@ class Front:
                 ssl_keyfile=str(tls.key_file),
                 ssl_certfile=str(tls.cert_file),
                 http=TlsH11Protocol,  # a hostile peer holds no socket for long (its notes)
+                loop=LOOP,
             )
         )
         self._thread: threading.Thread | None = None

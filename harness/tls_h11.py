@@ -6,7 +6,8 @@
   head a byte at a time, held its socket for ever, and enough of them use up the open files
   the engine and the record share with it. Here every connection must deliver a whole
   request head within the keep-alive time, after connecting as after each reply, or it is
-  aborted. (The TLS handshake before it is asyncio's to bound: 60 s.)
+  aborted. The TLS handshake before it has ``HANDSHAKE_S`` (asyncio's default is 60 s):
+  uvicorn sets no bound of its own, so the listener runs on :func:`handshake_bounded_loop`.
 - **At most** ``max_connections`` **are open at once, and** ``max_per_peer`` **from one
   address.** Past either a new connection is dropped as soon as it is made, so one peer
   cannot take every place; :func:`allow_open_files` lets the process hold those sockets
@@ -22,11 +23,20 @@ from __future__ import annotations
 
 import asyncio
 import resource
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["MAX_CONNECTIONS", "MAX_PER_PEER", "TlsH11Protocol", "allow_open_files"]
+__all__ = [
+    "MAX_CONNECTIONS",
+    "MAX_PER_PEER",
+    "TlsH11Protocol",
+    "allow_open_files",
+    "handshake_bounded_loop",
+]
 
+#: Seconds a peer has to finish its TLS handshake (a slow link needs well under 2).
+HANDSHAKE_S = 10.0
 #: Connections one outside-facing listener keeps open at once.
 MAX_CONNECTIONS = 1024
 #: Of those, from one address: one peer cannot take every place (many users behind one NAT
@@ -100,3 +110,18 @@ def allow_open_files(connections: int = MAX_CONNECTIONS) -> None:
     resource.setrlimit(
         resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(hard, want), hard)
     )
+
+
+class _HandshakeBoundedLoop(asyncio.SelectorEventLoop):
+    """asyncio's loop, whose TLS servers give a handshake ``HANDSHAKE_S`` (a socket that
+    never sends its ClientHello is counted by no cap above, so its time is kept short)."""
+
+    async def create_server(self, *args: Any, **kwargs: Any) -> asyncio.Server:
+        if kwargs.get("ssl") is not None:
+            kwargs.setdefault("ssl_handshake_timeout", HANDSHAKE_S)
+        return await super().create_server(*args, **kwargs)
+
+
+def handshake_bounded_loop() -> asyncio.AbstractEventLoop:
+    """The event loop of an outside-facing listener (uvicorn's ``loop``, by import string)."""
+    return _HandshakeBoundedLoop()

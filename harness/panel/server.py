@@ -64,6 +64,7 @@ def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
             ssl_keyfile=str(tls.key_file) if tls is not None else None,
             ssl_certfile=str(tls.cert_file) if tls is not None else None,
             http=TlsH11Protocol if tls is not None else "auto",
+            loop="harness.tls_h11:handshake_bounded_loop" if tls is not None else "auto",
         )
     )
 

@@ -8,6 +8,7 @@ other request relayed to the proxy unchanged, streamed. No TEE exists here: with
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -419,6 +420,30 @@ def test_a_silent_or_trickling_client_loses_its_connection(tmp_path: Path) -> No
     finally:
         upstream.shutdown()
         upstream.server_close()
+
+
+def test_a_peer_that_never_starts_its_handshake_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket that never sends its ClientHello is counted by no cap (the protocol sees a
+    connection only once TLS is up): asyncio would keep it 60 s, the listener keeps it
+    ``HANDSHAKE_S`` (here 1 s), and a client that does shake hands is still served."""
+    from attestation.channel import ChannelIdentity
+    from attestation.relay import Relay
+    from harness import tls_h11
+    from harness.front import Attested, Front
+
+    monkeypatch.setattr(tls_h11, "HANDSHAKE_S", 1.0)
+    key = tls_identity(tmp_path)
+    identity = ChannelIdentity("log+key", b"\x01" * 32, key.spki_sha256)
+    relay = Relay("http://127.0.0.1:9")
+    with Front("127.0.0.1", 0, key, Attested(relay, identity, _BrokenTee())) as front:
+        mute = socket.create_connection(("127.0.0.1", front.port), timeout=15)
+        with mute, contextlib.suppress(ConnectionError):
+            assert mute.recv(1) == b""  # the server closed it (a timeout fails the test)
+        with httpx.Client(verify=False, timeout=30) as client:
+            answered = client.get(f"{front.url}/attestation", params={"nonce": "ef" * 32})
+        assert answered.status_code == 503
 
 
 def test_connections_past_the_caps_are_dropped_and_the_rest_served(
