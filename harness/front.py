@@ -35,7 +35,7 @@ from attestation.relay import error_reply
 from attestation.tls_identity import TlsIdentity
 from harness.panel.prefix import PANEL_ROOT, under
 from harness.state import Home, HomeMissing
-from harness.tls_h11 import TlsH11Protocol, allow_open_files
+from harness.tls_h11 import BOUNDED_LOOP, TlsH11Protocol, allow_open_files
 
 __all__ = ["PANEL_ROOT", "SESSION_ROUTES", "Attested", "Front", "NoTee", "home_identity"]
 
@@ -45,8 +45,6 @@ SESSION_ROUTES = ("/s/",)
 #: How long a client may stay silent on a connection: past clients' own 5 s, so a client
 #: lets go of an idle connection first (as ``egress_proxy.server`` explains).
 KEEP_ALIVE_S = 30
-#: The listener's event loop (``harness.tls_h11``: a TLS handshake bounded in time).
-LOOP = "harness.tls_h11:handshake_bounded_loop"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -215,7 +213,7 @@ class Front:
                 ssl_keyfile=str(tls.key_file),
                 ssl_certfile=str(tls.cert_file),
                 http=TlsH11Protocol,  # a hostile peer holds no socket for long (its notes)
-                loop=LOOP,
+                loop=BOUNDED_LOOP,  # a TLS handshake bounded in time
             )
         )
         self._thread: threading.Thread | None = None

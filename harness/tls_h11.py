@@ -28,6 +28,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = [
+    "BOUNDED_LOOP",
     "MAX_CONNECTIONS",
     "MAX_PER_PEER",
     "TlsH11Protocol",
@@ -123,5 +124,9 @@ class _HandshakeBoundedLoop(asyncio.SelectorEventLoop):
 
 
 def handshake_bounded_loop() -> asyncio.AbstractEventLoop:
-    """The event loop of an outside-facing listener (uvicorn's ``loop``, by import string)."""
+    """The event loop of an outside-facing listener."""
     return _HandshakeBoundedLoop()
+
+
+#: :func:`handshake_bounded_loop` as uvicorn's ``loop`` setting names it (an import string).
+BOUNDED_LOOP = f"{__name__}:{handshake_bounded_loop.__name__}"

@@ -52,7 +52,7 @@ def _base(host: str, sock: socket.socket, scheme: str = "http") -> str:
 def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
     import uvicorn
 
-    from harness.tls_h11 import TlsH11Protocol, allow_open_files
+    from harness.tls_h11 import BOUNDED_LOOP, TlsH11Protocol, allow_open_files
 
     if tls is not None:
         allow_open_files()
@@ -64,7 +64,7 @@ def _server(app: Any, tls: TlsIdentity | None = None) -> Any:
             ssl_keyfile=str(tls.key_file) if tls is not None else None,
             ssl_certfile=str(tls.cert_file) if tls is not None else None,
             http=TlsH11Protocol if tls is not None else "auto",
-            loop="harness.tls_h11:handshake_bounded_loop" if tls is not None else "auto",
+            loop=BOUNDED_LOOP if tls is not None else "auto",
         )
     )
 
