@@ -413,7 +413,8 @@ class McpGateway:
                 link.lost(exc, conn)  # a timeout or a closed connection: the next call restarts
                 error = _timed_out(link, params.name) if exc.code == types.REQUEST_TIMEOUT else exc
                 outcome: Outcome = "UNKNOWN" if exc.code in _NO_ANSWER else "FAILED"
-                await self.calls.result(session, call_seq, outcome, error_bytes=_bytes(error))
+                error, error_bytes = _recordable_error(link, params.name, error)
+                await self.calls.result(session, call_seq, outcome, error_bytes=error_bytes)
                 raise error from None
             except Exception as exc:
                 unavailable = _unavailable(link, exc)
@@ -422,7 +423,13 @@ class McpGateway:
                 )
                 raise unavailable from None
         result = answer.members()
-        await self.calls.result(session, call_seq, "COMMITTED", result_bytes=canonical_json(result))
+        try:
+            result_bytes = _recordable(result)
+        except ValueError as exc:  # it answered, so the call is settled: never sent again
+            invalid = _reply_invalid(link, params.name, "a result", exc)
+            await self.calls.result(session, call_seq, "FAILED", error_bytes=_bytes(invalid))
+            raise invalid from None
+        await self.calls.result(session, call_seq, "COMMITTED", result_bytes=result_bytes)
         return _downstream(result, cacheable=False)
 
 
@@ -464,6 +471,42 @@ def _refused(exc: ProxyError) -> MCPError:
 def _bytes(error: MCPError) -> bytes:
     """A JSON-RPC ``error`` object as recorded: RFC 8785 JSON."""
     return canonical_json(error.error.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+def _recordable(value: dict[str, Any]) -> bytes:
+    """``value`` as recorded (RFC 8785 JSON), or ``ValueError`` when the record could not keep
+    it or its readers could not read it back: a number RFC 8785 cannot write (the SDK reads
+    ``NaN``, ``1e400`` and integers past 2**53), a lone surrogate, nesting past
+    ``record.limits``."""
+    data = canonical_json(value)
+    load_json(data)
+    return data
+
+
+def _recordable_error(link: Link, tool: str, error: MCPError) -> tuple[MCPError, bytes]:
+    """An upstream's JSON-RPC error and its recorded bytes; one the record cannot keep is
+    replaced by ``upstream_reply_invalid``, its message kept."""
+    try:
+        return error, _recordable(
+            error.error.model_dump(mode="json", by_alias=True, exclude_none=True)
+        )
+    except ValueError as exc:
+        invalid = _reply_invalid(link, tool, f"an error ({error.error.message[:200]!r})", exc)
+        return invalid, _bytes(invalid)
+
+
+def _reply_invalid(link: Link, tool: str, what: str, exc: ValueError) -> MCPError:
+    """An upstream's answer the record cannot keep as received: ``upstream_reply_invalid``."""
+    message = (
+        (
+            f"upstream_reply_invalid: MCP server {link.name!r} answered tool {tool!r} with {what} "
+            f"the record cannot keep: {str(exc)[:200]}"
+        )
+        .encode("utf-8", "backslashreplace")
+        .decode()
+    )  # itself recorded: no lone surrogate
+    data = {"code": "upstream_reply_invalid", "server": link.name, "tool": tool}
+    return MCPError(types.INTERNAL_ERROR, message, data)
 
 
 def _timed_out(link: Link, tool: str) -> MCPError:
