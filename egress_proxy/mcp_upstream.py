@@ -144,7 +144,9 @@ class Connection:
         headers = dict(config.headers)
         if self._token:
             headers["authorization"] = f"Bearer {self._token}"
-        client = mcp_http_client(headers, config.timeout_s, config.connect_timeout_s)
+        client = mcp_http_client(
+            headers, config.timeout_s, config.connect_timeout_s, config.max_reply_bytes
+        )
         return _owning(client, streamable_http_client(config.url, http_client=client))
 
     async def aclose(self) -> None:

@@ -73,6 +73,8 @@ class RemoteServer(_Server):
     bearer_token_env: str | None = None  # the variable holding the upstream's token
     headers: dict[str, str] = Field(default_factory=dict)  # values may name ${VARIABLES}
     connect_timeout_s: float = Field(10.0, gt=0)
+    #: The most one HTTP reply of the server may hold (``transports.network.mcp_http_client``).
+    max_reply_bytes: int = Field(64 * 1024 * 1024, gt=0, le=1024 * 1024 * 1024)
 
     @field_validator("url")
     @classmethod

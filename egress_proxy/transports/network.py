@@ -21,8 +21,9 @@ with the same rules: no environment proxies, no redirects followed by the client
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from egress_proxy.errors import UpstreamCut, UpstreamUnavailable, UpstreamUnreachable
@@ -179,14 +180,70 @@ class ExactResponse(_NetworkResponse):
 
 
 def mcp_http_client(
-    headers: dict[str, str], timeout_s: float, connect_timeout_s: float
+    headers: dict[str, str], timeout_s: float, connect_timeout_s: float, max_reply_bytes: int
 ) -> httpx2.AsyncClient:
-    """The client the MCP SDK reaches a remote tool server with (the SDK speaks ``httpx2``)."""
+    """The client the MCP SDK reaches a remote tool server with (the SDK speaks ``httpx2``).
+
+    A reply is read to at most ``max_reply_bytes`` and asked for uncompressed, so what it
+    costs in memory is bounded by what it sent: the SDK reads a JSON reply whole, and a
+    server that never stopped sending grew the proxy until the machine ran out. Past the
+    limit the read fails with a stream error (``reply_too_large``), which the SDK answers the
+    waiting call with at once (a JSON-RPC error naming the limit): the call is recorded
+    ``FAILED``."""
     import httpx2
 
     return httpx2.AsyncClient(
         trust_env=False,
         follow_redirects=False,
-        headers=headers,
+        headers={**headers, "accept-encoding": "identity"},
         timeout=httpx2.Timeout(timeout_s, connect=connect_timeout_s),
+        transport=_capped_transport_type()(max_reply_bytes),
     )
+
+
+@functools.cache
+def _capped_transport_type() -> Any:
+    """The ``httpx2`` transport that bounds each reply (made once ``httpx2`` is loaded: this
+    module imports its clients only inside functions)."""
+    import httpx2
+
+    class ReplyTooLarge(httpx2.StreamError):
+        """A reply past ``max_reply_bytes``: a stream error, the kind the MCP SDK answers
+        the call that waited on it with."""
+
+    class CappedStream(httpx2.AsyncByteStream):
+        def __init__(self, inner: httpx2.AsyncByteStream, limit: int, url: str) -> None:
+            self._inner, self._limit, self._url = inner, limit, url
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            seen = 0
+            async for chunk in self._inner:
+                seen += len(chunk)
+                if seen > self._limit:
+                    raise ReplyTooLarge(
+                        f"reply_too_large: {self._url} sent more than {self._limit} bytes "
+                        "(max_reply_bytes); the rest was not read"
+                    )
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    class CappedTransport(httpx2.AsyncBaseTransport):
+        def __init__(self, limit: int) -> None:
+            self._inner, self._limit = httpx2.AsyncHTTPTransport(trust_env=False), limit
+
+        async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+            response = await self._inner.handle_async_request(request)
+            assert isinstance(response.stream, httpx2.AsyncByteStream)
+            return httpx2.Response(
+                status_code=response.status_code,
+                headers=response.headers,
+                stream=CappedStream(response.stream, self._limit, str(request.url)),
+                extensions=response.extensions,
+            )
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return CappedTransport
