@@ -48,7 +48,10 @@ def main() -> None:
             tools = [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]
             send(head + b'"result":' + json.dumps({"tools": tools}).encode() + b"}")
         elif method == "tools/call" and message["params"]["name"] == "bad_error":
-            send(head + b'"error":{"code":-32010,"message":"it broke","data":{"n":9007199254740993}}}')
+            send(
+                head
+                + b'"error":{"code":-32010,"message":"it broke","data":{"n":9007199254740993}}}'
+            )
         elif method == "tools/call":
             send(head + b'"result":' + RESULTS[message["params"]["name"]] + b"}")
         else:

@@ -85,7 +85,10 @@ def test_an_answer_the_record_cannot_keep_is_refused_recorded_and_settled(rig: R
     assert set(results) == {*UNRECORDABLE, "ok"}  # every call has its result, now
     for tool in UNRECORDABLE:
         done = results[tool]
-        assert done.outcome == "FAILED", (tool, done.error_bytes)  # answered: settled, never sent again
+        assert done.outcome == "FAILED", (
+            tool,
+            done.error_bytes,
+        )  # answered: settled, never sent again
         assert done.error_bytes is not None
         assert json.loads(done.error_bytes) == errors[tool]
         assert recorded_output(done).text == f"tool error: {errors[tool]['message']}"
