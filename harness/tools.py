@@ -207,7 +207,8 @@ def fetch_text(status: int, answer: bytes) -> ToolOutput:
 def mcp_text(result: Mapping[str, Any]) -> str:
     """The model's view of an MCP ``tools/call`` result object (live or from the record)."""
     parts = []
-    for item in result.get("content") or []:
+    content = result.get("content")
+    for item in content if isinstance(content, list) else []:
         if isinstance(item, dict) and item.get("type") == "text":
             parts.append(str(item.get("text", "")))
         elif isinstance(item, dict):

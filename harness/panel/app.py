@@ -163,7 +163,9 @@ def create_app(source: Source, *, token: str | None = None, root: str = "") -> F
         html = env.get_template(name).render(
             source_text=source.describe_safe(), read_only=source.mode == "bundle", **context
         )
-        return HTMLResponse(html, status_code=status)
+        # Recorded text may hold a lone surrogate (an upstream's JSON can escape one): shown
+        # as its escape, never a page that fails to encode.
+        return HTMLResponse(html.encode("utf-8", "backslashreplace"), status_code=status)
 
     def denied(reason: str) -> HTMLResponse:
         return HTMLResponse(env.get_template("denied.html").render(reason=reason), status_code=401)

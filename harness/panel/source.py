@@ -422,14 +422,18 @@ class BundleSource(Source):
             index = json.loads((self.root / INDEX).read_bytes())
         except (OSError, ValueError):
             index = None
-        if isinstance(index, dict) and isinstance(index.get("stream"), str):
-            return str(index["stream"])
-        for line in (self.root / ENTRIES).read_bytes().split(b"\n"):
-            try:
-                return parse_entry(line).stream
-            except SchemaError:
-                continue
-        return None
+        named = index.get("stream") if isinstance(index, dict) else None
+        if not isinstance(named, str):
+            named = None
+            for line in (self.root / ENTRIES).read_bytes().split(b"\n"):
+                try:
+                    named = parse_entry(line).stream
+                    break
+                except SchemaError:
+                    continue
+        # A bundle is outside input: a name no record could hold (it reaches URLs and the
+        # export's file name) is no stream here, as an appliance's would not be.
+        return named if named is not None and STREAM_NAME.fullmatch(named) else None
 
     def streams(self) -> list[str]:
         stream = self._stream()

@@ -177,12 +177,13 @@ def mcp_result_text(data: bytes | None) -> tuple[str, bool]:
     if not isinstance(result, dict):
         return text_of(data), False
     parts = []
-    for item in result.get("content") or []:
+    for item in _list(result.get("content")):
         if isinstance(item, dict) and item.get("type") == "text":
             parts.append(str(item.get("text", "")))
         elif isinstance(item, dict):
             parts.append(f"[{item.get('type', 'content')}]")
-    return text_of("\n".join(parts).encode()), bool(result.get("isError"))
+    text = "\n".join(parts).encode("utf-8", "backslashreplace")  # a lone surrogate: its escape
+    return text_of(text), bool(result.get("isError"))
 
 
 # -- the sessions list -------------------------------------------------------------------------
@@ -609,7 +610,8 @@ def _fetch_tool(
     name: str,
     arguments: str,
 ) -> ToolView:
-    args = pretty_bytes(arguments.encode()) if arguments else pretty({"url": request.url})
+    shown = arguments.encode("utf-8", "backslashreplace")  # a lone surrogate: its escape
+    args = pretty_bytes(shown) if arguments else pretty({"url": request.url})
     view = ToolView(
         "fetch",
         "web (the proxy's fetch)",

@@ -18,6 +18,7 @@ from html.parser import HTMLParser
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -343,3 +344,56 @@ def test_a_changed_proof_or_leaf_does_not_verify(planted: Planted) -> None:
     other_line = record.rows[good.index + 1].line
     bad_leaf = check_inclusion(record.position(index), other_line, proof, cp, signer)
     assert not bad_leaf.verified and bad_leaf.leaf_hash != good.leaf_hash
+
+
+#: What an upstream may have sent, recorded byte for byte, that once failed the turn page (500)
+#: and its Verify: a reply escaping a lone surrogate, an MCP result whose ``content`` is no
+#: list, and one whose text is a lone surrogate (found by an adversarial review).
+HOSTILE = {
+    "reply-lone-surrogate": {
+        "final": b'data: {"choices":[{"delta":{"content":"hi \\ud800 there"}}]}\n\ndata: [DONE]\n\n'
+    },
+    "result-content-int": {"result": b'{"content":5}'},
+    "result-text-surrogate": {"result": b'{"content":[{"type":"text","text":"\\udc80"}]}'},
+}
+
+
+def test_hostile_recorded_bytes_show_on_the_turn_page_and_verify(tmp_path: Path) -> None:
+    home = Home(tmp_path)
+    key = KeyPair.generate()
+    key.write(home.user_key_file)
+    with Log.open(home.root / "record.db") as log:
+        for stream, planted in HOSTILE.items():
+            log.open_stream(stream, [key.recipient])
+            log.append(stream, PinsSet(pins={"strict_cache": True}))
+            _write_turn(log, stream, 0, **planted)
+    with running_panel(ApplianceSource(home), token=TOKEN) as panel, signed_in(panel) as http:
+        for stream in HOSTILE:
+            page = http.get(f"/s/{stream}/t/0")
+            assert page.status_code == 200, (stream, page.text[:200])
+            own = {"origin": panel.base}  # as the panel's own page posts it
+            started = http.post(f"/s/{stream}/t/0/verify", headers=own, follow_redirects=False)
+            assert started.status_code == 303, (stream, started.text[:200])
+            _finish(http, started)
+            shown = http.get(started.headers["location"])
+            assert shown.status_code == 200, (stream, shown.text[:200])
+        assert "\\ud800" in http.get("/s/reply-lone-surrogate/t/0").text  # shown as its escape
+        assert "\\udc80" in http.get("/s/result-text-surrogate/t/0").text
+
+
+def test_a_bundle_naming_a_stream_no_record_could_hold_shows_none(
+    planted: Planted, tmp_path: Path
+) -> None:
+    """A bundle is outside input: its ``bundle.json`` naming a stream with a line break (which
+    reached the export's file name, and the server then dropped the connection) gives a
+    panel with no stream and a plain 404, as an appliance's record would."""
+    bundle = tmp_path / "bundle"
+    export_stream(planted.home.root / "record.db", STREAM, bundle)
+    index = json.loads((bundle / "bundle.json").read_bytes())
+    hostile = "a\r\nSet-Cookie: x=1"
+    (bundle / "bundle.json").write_text(json.dumps({**index, "stream": hostile}))
+    source = BundleSource(bundle, planted.key)
+    with running_panel(source, token=TOKEN) as panel, signed_in(panel) as http:
+        assert "Set-Cookie" not in http.get("/").text
+        exported = http.get(f"/s/{quote(hostile, safe='')}/export.tar.gz")
+        assert exported.status_code == 404

@@ -53,14 +53,22 @@ def _model_request(turn: int, step: int, messages: list[dict[str, str]]) -> Mode
 
 
 def _write_turn(
-    log: Log, stream: str, turn: int, *, tag: bytes = b"", wrong_digest: bool = False
+    log: Log,
+    stream: str,
+    turn: int,
+    *,
+    tag: bytes = b"",
+    wrong_digest: bool = False,
+    result: bytes | None = None,
+    final: bytes | None = None,
 ) -> list[Appended]:
     """Append one tool-using turn as the proxy does: 8 entries, ``turn.ended`` last.
 
     ``turn.ended`` makes the writer sign a checkpoint. Odd turns end with a reply that is
     not UTF-8. ``tag`` varies the content (two forks of one log differ only by it).
     ``wrong_digest``: the final reply's ``response_digest`` is the digest of other bytes;
-    the writer does not check digests, the audit with a key must.
+    the writer does not check digests, the audit with a key must. ``result`` and ``final``:
+    the tool's result and the last reply, as an upstream sent them, instead of the usual.
     """
     question = b"What does https://example.org/%d say?" % turn + tag
     out = [
@@ -101,7 +109,7 @@ def _write_turn(
             ),
         )
     )
-    page = b"<html><title>Example %d</title></html>" % turn + tag
+    page = b"<html><title>Example %d</title></html>" % turn + tag if result is None else result
     out.append(
         log.append(
             stream,
@@ -113,9 +121,10 @@ def _write_turn(
             ),
         )
     )
-    messages.append({"role": "tool", "content": page.decode()})
+    messages.append({"role": "tool", "content": page.decode("utf-8", "replace")})
     out.append(log.append(stream, _model_request(turn, 1, messages)))
-    final = NON_UTF8_REPLY + tag if turn % 2 else b"data: The page says: Example %d.\n\n" % turn
+    if final is None:
+        final = NON_UTF8_REPLY + tag if turn % 2 else b"data: The page says: Example %d.\n\n" % turn
     claimed = digest(Domain.RESPONSE, final + b"!" if wrong_digest else final)
     out.append(
         log.append(
