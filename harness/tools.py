@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -27,7 +28,7 @@ from urllib.parse import quote
 
 import httpx
 
-from record.limits import JsonRefused, load_json
+from record.limits import MAX_TOOLS, JsonRefused, load_json
 from record.schema import ToolResult
 
 __all__ = [
@@ -49,6 +50,12 @@ __all__ = [
 MAX_TOOL_TEXT = 1200
 USER_AGENT = "affidavit-harness"
 SEP = "__"  # between an MCP server's name and its tool's in the function name
+#: A tool's name as the model APIs take it (OpenAI's rule, the stricter of the two): one
+#: outside it would make every model request of the session fail.
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: The largest input schema a listed tool may bring (JSON bytes): the catalogue is sent with
+#: every model request, which the proxy takes up to its ``max_body_bytes``.
+MAX_SCHEMA_BYTES = 64 * 1024
 #: the proxy's error codes for a fetch of which not a byte went out: recorded ``FAILED``, so
 #: the model is told why and the turn goes on (no decision: the call surely did not happen)
 SURELY_NOT_SENT = frozenset({"upstream_unreachable"})
@@ -285,6 +292,7 @@ class ProxyToolbox:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.unavailable: dict[str, str] = {}  # server -> why the catalogue left it out
+        self.left_out: dict[str, str] = {}  # a listed tool's name (cut) -> why it was left out
         self.search_url = search_url
         self.http = httpx.Client(
             headers={"authorization": f"Bearer {token}"}, timeout=timeout, trust_env=False
@@ -298,17 +306,30 @@ class ProxyToolbox:
     def catalogue(self, mcp_servers: Mapping[str, Sequence[str]]) -> list[ToolSpec]:
         """The built-in web tools and every tool the proxy's MCP servers list. A server that
         cannot list its tools is left out (the proxy recorded why, as ``tool.unavailable``);
-        its error is kept in ``unavailable``, and the other servers' tools stay."""
+        its error is kept in ``unavailable``, and the other servers' tools stay. So is one
+        whose tools would take the catalogue past ``MAX_TOOLS`` (the proxy would refuse every
+        request), and a tool whose name the model APIs refuse or whose schema is too large
+        for every request to carry (why: ``left_out``)."""
         specs = [WEB_FETCH] + ([WEB_SEARCH] if self.search_url else [])
-        self.unavailable = {}
+        self.unavailable, self.left_out = {}, {}
         for server, idempotent in sorted(mcp_servers.items()):
             try:
                 tools = self.list_tools(server)
             except ToolCallFailed as exc:
                 self.unavailable[server] = str(exc)
                 continue
+            if len(specs) + len(tools) > MAX_TOOLS:  # the proxy refuses a request with more
+                self.unavailable[server] = (
+                    f"{server}: lists {len(tools)} tools, which would take the catalogue past "
+                    f"{MAX_TOOLS}"
+                )
+                continue
             for tool in tools:
                 name = f"{server}{SEP}{tool.name}"
+                why = _unusable(name, tool.input_schema)
+                if why is not None:
+                    self.left_out[name[:80]] = why
+                    continue
                 hint = tool.annotations.idempotent_hint if tool.annotations else None
                 specs.append(
                     ToolSpec(
@@ -425,3 +446,15 @@ class ProxyToolbox:
                 yield session
 
         return opened()
+
+
+def _unusable(name: str, schema: Mapping[str, Any]) -> str | None:
+    """Why a listed tool cannot be offered to the model (``None``: it can). A server is
+    outside input: a name the APIs refuse, or a schema too large to send with every request,
+    would fail each model call of the session, not just this tool's."""
+    if not FUNCTION_NAME.fullmatch(name):
+        return f"its name is not 1 to 64 of A-Z a-z 0-9 _ - ({len(name)} characters)"
+    size = len(json.dumps(schema, separators=(",", ":")))
+    if size > MAX_SCHEMA_BYTES:
+        return f"its input schema is {size} bytes (at most {MAX_SCHEMA_BYTES})"
+    return None
