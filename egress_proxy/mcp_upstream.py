@@ -133,8 +133,14 @@ class Connection:
             command, args = config.command, list(config.args)
             if config.network == "none":
                 command, args = "unshare", ["--net", "--", command, *args]
+            # A byte that is not UTF-8 in a reply would end the SDK's reader (strict decoding)
+            # and every request on the process would wait out its timeout: it reads as U+FFFD.
             params = StdioServerParameters(
-                command=command, args=args, env=config.env, cwd=config.cwd
+                command=command,
+                args=args,
+                env=config.env,
+                cwd=config.cwd,
+                encoding_error_handler="replace",
             )
             # kept open while the process lives: read back when it fails
             self._errlog = tempfile.TemporaryFile("w+", errors="replace")  # noqa: SIM115

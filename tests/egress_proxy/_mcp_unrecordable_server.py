@@ -7,6 +7,7 @@ Each ``tools/call`` is answered by its tool's name:
 - ``nan``: a result holding ``NaN``; ``inf``: one holding ``1e400``;
 - ``deep``: a result nested 150 deep (past ``record.limits.MAX_DEPTH``);
 - ``bad_error``: a JSON-RPC error whose ``data`` holds 2**53 + 1;
+- ``bad_utf8``: a text holding the byte 0xFF, which is not UTF-8;
 - ``ok``: ``{"content": [{"type": "text", "text": "fine"}]}``.
 """
 
@@ -15,12 +16,13 @@ from __future__ import annotations
 import json
 import sys
 
-TOOLS = ["bigint", "nan", "inf", "deep", "bad_error", "ok"]
+TOOLS = ["bigint", "nan", "inf", "deep", "bad_error", "bad_utf8", "ok"]
 RESULTS = {
     "bigint": b'{"content":[{"type":"text","text":"big"}],"n":9007199254740993}',
     "nan": b'{"content":[{"type":"text","text":"nan"}],"n":NaN}',
     "inf": b'{"content":[{"type":"text","text":"inf"}],"n":1e400}',
     "deep": b'{"content":[{"type":"text","text":"deep"}],"d":' + b"[" * 150 + b"]" * 150 + b"}",
+    "bad_utf8": b'{"content":[{"type":"text","text":"a\xffb"}]}',
     "ok": b'{"content":[{"type":"text","text":"fine"}]}',
 }
 

@@ -96,3 +96,17 @@ def test_an_answer_the_record_cannot_keep_is_refused_recorded_and_settled(rig: R
 
     report = verify_store(rig.store_path, key=rig.user)
     assert report.ok, report
+
+
+def test_a_byte_that_is_not_utf8_reads_as_a_replacement_and_the_server_goes_on(rig: Rig) -> None:
+    """The SDK decoded a server's output strictly: one byte that is not UTF-8 ended its reader,
+    and every request on that process waited out its timeout. Now the byte reads as U+FFFD,
+    the call is answered and recorded, and the next call is answered too."""
+    session = rig.open_session()
+    seq = committed_reply(rig, session, [("b", "u__bad_utf8", {}), ("k", "u__ok", {})])
+    bad = rpc(session, "u", "tools/call", {"name": "bad_utf8", "_meta": meta(seq, "b")})
+    assert bad.json()["result"]["content"][0]["text"] == "a\ufffdb"
+    fine = rpc(session, "u", "tools/call", {"name": "ok", "_meta": meta(seq, "k")})
+    assert fine.json()["result"]["content"][0]["text"] == "fine"
+    results = _results(rig, session.session_id)
+    assert (results["b"].outcome, results["k"].outcome) == ("COMMITTED", "COMMITTED")
