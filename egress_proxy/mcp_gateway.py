@@ -77,7 +77,7 @@ from egress_proxy.tools import (
     named_reply,
 )
 from record.digest import canonical_json
-from record.limits import JsonRefused, OverLimit, load_json
+from record.limits import MAX_DEPTH, JsonRefused, OverLimit, load_json, nesting_depth
 from record.log import Log
 from record.schema import ToolUnavailable
 
@@ -468,28 +468,31 @@ def _refused(exc: ProxyError) -> MCPError:
     return MCPError(types.INVALID_REQUEST, f"{exc.code}: {exc}", data)
 
 
+def _error_object(error: MCPError) -> dict[str, Any]:
+    return error.error.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
 def _bytes(error: MCPError) -> bytes:
     """A JSON-RPC ``error`` object as recorded: RFC 8785 JSON."""
-    return canonical_json(error.error.model_dump(mode="json", by_alias=True, exclude_none=True))
+    return canonical_json(_error_object(error))
 
 
 def _recordable(value: dict[str, Any]) -> bytes:
     """``value`` as recorded (RFC 8785 JSON), or ``ValueError`` when the record could not keep
-    it or its readers could not read it back: a number RFC 8785 cannot write (the SDK reads
-    ``NaN``, ``1e400`` and integers past 2**53), a lone surrogate, nesting past
-    ``record.limits``."""
-    data = canonical_json(value)
-    load_json(data)
-    return data
+    it or its readers could not read it back: nesting past ``record.limits.MAX_DEPTH``, a
+    number RFC 8785 cannot write (the SDK reads ``NaN``, ``1e400`` and integers past 2**53),
+    a lone surrogate. (Canonical numbers are short: depth is the one limit left to check.)"""
+    depth = nesting_depth(value)
+    if depth > MAX_DEPTH:
+        raise OverLimit(f"arrays and objects nest {depth} deep (at most {MAX_DEPTH})")
+    return canonical_json(value)
 
 
 def _recordable_error(link: Link, tool: str, error: MCPError) -> tuple[MCPError, bytes]:
     """An upstream's JSON-RPC error and its recorded bytes; one the record cannot keep is
     replaced by ``upstream_reply_invalid``, its message kept."""
     try:
-        return error, _recordable(
-            error.error.model_dump(mode="json", by_alias=True, exclude_none=True)
-        )
+        return error, _recordable(_error_object(error))
     except ValueError as exc:
         invalid = _reply_invalid(link, tool, f"an error ({error.error.message[:200]!r})", exc)
         return invalid, _bytes(invalid)

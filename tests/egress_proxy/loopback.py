@@ -71,16 +71,10 @@ class FakeUpstream:
                 await send({"type": message["type"] + ".complete"})
                 if message["type"] == "lifespan.shutdown":
                     return
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         got = Received(
             scope["path"],
             {k.decode().lower(): v.decode() for k, v in scope["headers"]},
-            bytes(body),
+            await request_body(receive),
         )
         self.received.append(got)
         if self.on_request is not None:
@@ -102,6 +96,16 @@ class FakeUpstream:
         if s.cut:
             raise ConnectionAbortedError("scripted cut")  # uvicorn drops the connection
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def request_body(receive: Any) -> bytes:
+    """An ASGI request's whole body, its ``http.request`` messages joined."""
+    body = bytearray()
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return bytes(body)
 
 
 class LoopbackServer:

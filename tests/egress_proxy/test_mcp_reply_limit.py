@@ -24,7 +24,14 @@ from record.audit import verify_store
 from record.log import Log
 from record.schema import ToolCall, ToolResult
 from record.seal import KeyPair
-from tests.egress_proxy.loopback import ENV, FakeUpstream, LoopbackServer, Rig, proxy_config
+from tests.egress_proxy.loopback import (
+    ENV,
+    FakeUpstream,
+    LoopbackServer,
+    Rig,
+    proxy_config,
+    request_body,
+)
 from tests.egress_proxy.tool_rig import committed_reply, meta, rpc
 
 LIMIT = 256 * 1024
@@ -42,12 +49,7 @@ class EndlessServer:
             return
         headers = dict(scope["headers"])
         self.encodings.append(headers.get(b"accept-encoding", b"").decode())
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         request = json.loads(body or b"{}")
         if "id" not in request:  # a notification
             await send({"type": "http.response.start", "status": 202, "headers": []})

@@ -21,6 +21,7 @@ from harness.state import Home
 from harness.up import _serve, running_appliance
 from record.schema import FetchRequest, ModelRequest, StreamOpened
 from record.seal import KeyPair
+from tests.egress_proxy.loopback import request_body
 
 MODEL = "claude-stand-in-1"
 
@@ -83,12 +84,7 @@ class StandIn:
                 await send({"type": message["type"] + ".complete"})
                 if message["type"] == "lifespan.shutdown":
                     return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         request = json.loads(body)
         self.requests.append(request)
         last = request["messages"][-1]["content"]

@@ -41,7 +41,7 @@ from harness.state import Home
 from harness.tools import ToolOutput
 from harness.up import TINY_MODEL, running_appliance
 from record.cli import UsageError
-from tests.egress_proxy.loopback import LoopbackServer
+from tests.egress_proxy.loopback import LoopbackServer, request_body
 
 STRICT = {"seed": 42, "temperature": 0.7, "top_p": 0.95, "max_tokens": 64, "strict_cache": True}
 LOOSE = {"seed": 7, "temperature": 0.7, "top_p": 0.95, "max_tokens": 64}  # no strict cache
@@ -76,12 +76,7 @@ class Receiver:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             return await _lifespan(receive, send)
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         if scope["method"] == "POST":
             self.pages.append(json.loads(body))
         await send(

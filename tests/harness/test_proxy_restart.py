@@ -71,6 +71,7 @@ from record.schema import (  # noqa: E402
 )
 from record.seal import KeyPair  # noqa: E402
 from record.sqlite_store import SQLiteStore  # noqa: E402
+from tests.egress_proxy.loopback import request_body  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 20261201
@@ -130,12 +131,7 @@ class Provider:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await request_body(receive)
         self.requests += 1
         request = json.loads(body)
         messages = request.get("messages", [])

@@ -35,7 +35,7 @@ import pytest
 
 from record.schema import ModelRequest, ModelResponse
 from record.seal import KeyPair
-from tests.egress_proxy.loopback import LoopbackServer, read_bodies, split_annotation
+from tests.egress_proxy.loopback import LoopbackServer, read_bodies, request_body, split_annotation
 from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
 pytestmark = pytest.mark.long
@@ -47,16 +47,11 @@ SESSIONS, CALLS, KILLS = 64, 50, 3
 async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
     """A fast provider: a chat completion, or its stream when the request asks for one."""
     if scope["type"] == "lifespan":
-        while (message := await receive())["type"] != "lifespan.shutdown":
+        while (await receive())["type"] != "lifespan.shutdown":
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
-    body = b""
-    while True:
-        message = await receive()
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
+    body = await request_body(receive)
     streamed = json.loads(body).get("stream") is True
     if streamed:
         chunks = [
