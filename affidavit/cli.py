@@ -27,6 +27,7 @@ from typing import IO, Annotated, Any, Protocol, cast
 
 import typer
 
+import egress_proxy.control_store  # noqa: F401  (registers control: stores: --store control:/…)
 from attestation import cli as attestation_cli
 from attestation import connect_cli
 from enclave_image import cli as image_cli

@@ -9,6 +9,9 @@ appliance key) and ``GetVerdicts`` hands out its per-step verdicts. ``FetchColla
 the proxy GET one KDS document and record it (``egress_proxy.collateral``), for the appliance's
 boot evidence; it runs on the data plane's event loop, where the network transport lives,
 through the ``FetchCollateral`` callable the server hands in (none: the RPC is refused).
+``StoreInfo``, ``ListStreams``, ``StreamState``, ``StreamCheckpoints``, ``StreamEvidence`` and
+``GetMeta`` (with ``StreamEntries``) call the store's read methods and nothing else, for a
+reader with no route to the store (``egress_proxy.control_store``, ``control:`` locations).
 
 Access is the socket's: it is made 0600 once bound, and callers present no token (the
 session tokens are for the data plane). ``ControlClient`` is the typed client the harness and
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import threading
 import time
@@ -30,7 +34,7 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import Message
-from pydantic import JsonValue, ValidationError
+from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from egress_proxy.collateral import Collateral
 from egress_proxy.errors import MalformedFetch, ProxyError, ReplayMiss
@@ -40,12 +44,15 @@ from egress_proxy.tee_status import REFUSAL, TeeStatusError, pins_refusal, read_
 from record.digest import Domain, digest
 from record.errors import SchemaError
 from record.limits import JsonRefused, load_json
-from record.schema import Continuation, describe, parse_body
+from record.schema import Continuation, StreamName, describe, parse_body
 from record.seal import RecipientKey
+from record.sqlite_store import SQLiteStore
+from record.store import Lease, LogStore, StoredCheckpoint
 
 __all__ = [
     "CHUNK",
     "HARNESS_KINDS",
+    "META_KEY",
     "SERVICE",
     "ControlClient",
     "ControlPlane",
@@ -57,6 +64,11 @@ SERVICE = "affidavit.control.v1.Control"
 CHUNK = 1 << 20  # the most line bytes one EntryChunk carries
 MAX_MESSAGE = 64 << 20  # a request (an AppendEvent body) may be this big
 POLL = 0.05  # seconds between looks at a followed stream
+NAMES = 1024  # stream names per ListStreams message
+
+#: A store-wide value's key (the record's is ``log_key``): a short plain name.
+META_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_STREAM_NAME: TypeAdapter[str] = TypeAdapter(StreamName)
 
 #: The kinds a harness may append, with the bytes field, digest field and domain they pair
 #: (None: the kind carries no bytes of its own).
@@ -76,6 +88,7 @@ FetchCollateral = Callable[[Session, str], Collateral]
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
+_T = TypeVar("_T")
 
 
 class _Abort(Exception):
@@ -106,6 +119,57 @@ def _continues(text: str) -> Continuation | None:
         raise _Abort(
             grpc.StatusCode.INVALID_ARGUMENT, "continues_json: " + describe(exc, "continues")
         ) from None
+
+
+def _stream(name: str) -> str:
+    """``name`` if the record could hold a stream by it (``record.schema.StreamName``)."""
+    try:
+        return _STREAM_NAME.validate_python(name)
+    except ValidationError as exc:
+        said = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"stream: {said}") from None
+
+
+def _unreadable(what: str, exc: Exception) -> _Abort:
+    said = str(exc).strip().splitlines()
+    return _Abort(
+        grpc.StatusCode.INTERNAL,
+        f"the store could not be read ({what}): {said[0] if said else type(exc).__name__}",
+    )
+
+
+def _read(what: str, read: Callable[[], _T]) -> _T:
+    """A read of the store; a store that fails it (a database gone away) is said in one line,
+    never the driver's traceback."""
+    try:
+        return read()
+    except Exception as exc:
+        raise _unreadable(what, exc) from None
+
+
+def _each(what: str, items: Iterator[_T]) -> Iterator[_T]:
+    """``items`` as they are read (a stream is never held whole), failures as ``_read``'s."""
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise _unreadable(what, exc) from None
+        yield item
+
+
+def store_label(store: LogStore) -> str:
+    """How readers name the proxy's store, as ``record.backends.store_label`` names its
+    location: a file by its name, a database by its URL without the password."""
+    if isinstance(store, SQLiteStore):
+        return store.path.name
+    name = getattr(store, "name", None)  # ``PostgresStore.name``: ``describe(conninfo)``
+    return name if isinstance(name, str) else type(store).__name__
+
+
+def _lease(lease: Lease) -> pb.Lease:
+    return pb.Lease(holder=lease.holder, since=lease.since, released=lease.released)
 
 
 class ControlServicer:
@@ -282,12 +346,14 @@ class ControlServicer:
         self, request: pb.StreamEntriesRequest, active: Callable[[], bool]
     ) -> Iterator[pb.EntryChunk]:
         store = self.log.store
-        if not store.size(request.stream):
-            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no stream {request.stream!r}")
+        stream = _stream(request.stream)
+        if not _read("size", lambda: store.size(stream)):
+            raise _Abort(grpc.StatusCode.NOT_FOUND, f"no stream {stream!r}")
         seq = request.from_seq
+        stop = request.stop_seq if request.HasField("stop_seq") else None
         while active():
             sent = False
-            for entry in store.entries(request.stream, seq):
+            for entry in _each("entries", store.entries(stream, seq, stop)):
                 line = entry.line
                 for offset in range(0, max(len(line), 1), CHUNK):
                     yield pb.EntryChunk(
@@ -298,10 +364,56 @@ class ControlServicer:
                     )
                 seq = entry.seq + 1
                 sent = True
-            if not request.follow:
+            if not request.follow or (stop is not None and seq >= stop):
                 return
             if not sent:
                 time.sleep(POLL)
+
+    # -- reading the store (``egress_proxy.control_store.ControlStore``) -----------------------
+
+    def store_info(self, request: pb.StoreInfoRequest) -> pb.StoreInfoResponse:
+        store = self.log.store
+        return pb.StoreInfoResponse(shared=store.shared, label=store_label(store))
+
+    def list_streams(self, request: pb.ListStreamsRequest) -> Iterator[pb.StreamNames]:
+        names = _read("streams", self.log.store.streams)
+        for start in range(0, len(names), NAMES):
+            yield pb.StreamNames(streams=names[start : start + NAMES])
+
+    def stream_state(self, request: pb.StreamStateRequest) -> pb.StreamStateResponse:
+        store, stream = self.log.store, _stream(request.stream)
+        response = pb.StreamStateResponse(size=_read("size", lambda: store.size(stream)))
+        lease = _read("lease", lambda: store.lease(stream))
+        if lease is not None:
+            response.lease.CopyFrom(_lease(lease))
+        if request.check_writer:
+            response.writer_alive = _read("writer", lambda: store.writer_alive(stream))
+        return response
+
+    def stream_checkpoints(
+        self, request: pb.StreamCheckpointsRequest
+    ) -> Iterator[pb.CheckpointNote]:
+        store, stream = self.log.store, _stream(request.stream)
+        found: list[StoredCheckpoint] = _read("checkpoints", lambda: store.checkpoints(stream))
+        for checkpoint in found:
+            yield pb.CheckpointNote(size=checkpoint.size, note=checkpoint.note)
+
+    def stream_evidence(self, request: pb.StreamEvidenceRequest) -> Iterator[pb.EvidenceChunk]:
+        store, stream = self.log.store, _stream(request.stream)
+        for name, data in _read("evidence", lambda: store.evidence(stream)):
+            for offset in range(0, max(len(data), 1), CHUNK):
+                yield pb.EvidenceChunk(
+                    name=name, size=len(data), offset=offset, data=data[offset : offset + CHUNK]
+                )
+
+    def get_meta(self, request: pb.GetMetaRequest) -> pb.GetMetaResponse:
+        if not META_KEY.fullmatch(request.key):
+            raise _Abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"key: not a meta key ([A-Za-z0-9._-], ≤64): {request.key!r}",
+            )
+        value = _read("meta", lambda: self.log.store.get_meta(request.key))
+        return pb.GetMetaResponse() if value is None else pb.GetMetaResponse(value=value)
 
 
 def _unary(
@@ -314,6 +426,22 @@ def _unary(
             context.abort(exc.code, exc.details)
 
     return grpc.unary_unary_rpc_method_handler(
+        behaviour,
+        request_deserializer=request_type.FromString,
+        response_serializer=lambda message: message.SerializeToString(),
+    )
+
+
+def _streaming(
+    call: Callable[[Req], Iterator[Resp]], request_type: type[Req]
+) -> grpc.RpcMethodHandler[Req, Resp]:
+    def behaviour(request: Req, context: grpc.ServicerContext) -> Iterator[Resp]:
+        try:
+            yield from call(request)
+        except _Abort as exc:
+            context.abort(exc.code, exc.details)
+
+    return grpc.unary_stream_rpc_method_handler(
         behaviour,
         request_deserializer=request_type.FromString,
         response_serializer=lambda message: message.SerializeToString(),
@@ -342,6 +470,12 @@ def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
             request_deserializer=pb.StreamEntriesRequest.FromString,
             response_serializer=lambda message: message.SerializeToString(),
         ),
+        "StoreInfo": _unary(servicer.store_info, pb.StoreInfoRequest),
+        "ListStreams": _streaming(servicer.list_streams, pb.ListStreamsRequest),
+        "StreamState": _unary(servicer.stream_state, pb.StreamStateRequest),
+        "StreamCheckpoints": _streaming(servicer.stream_checkpoints, pb.StreamCheckpointsRequest),
+        "StreamEvidence": _streaming(servicer.stream_evidence, pb.StreamEvidenceRequest),
+        "GetMeta": _unary(servicer.get_meta, pb.GetMetaRequest),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
@@ -480,30 +614,91 @@ class ControlClient:
         request = pb.FetchCollateralRequest(session_id=session_id, path=path)
         return self._call("FetchCollateral", request, pb.FetchCollateralResponse, timeout)
 
-    def entries(
-        self, stream: str, from_seq: int = 0, *, follow: bool = False, timeout: float | None = None
-    ) -> Generator[tuple[int, bytes], None, None]:
-        """``(seq, line)`` of each stored line, reassembled; closing the iterator cancels."""
-        method: grpc.UnaryStreamMultiCallable[pb.StreamEntriesRequest, pb.EntryChunk] = (
-            self.channel.unary_stream(
-                f"/{SERVICE}/StreamEntries",
-                request_serializer=lambda message: message.SerializeToString(),
-                response_deserializer=pb.EntryChunk.FromString,
-            )
+    def _stream(
+        self, name: str, request: Req, response_type: type[Resp], timeout: float | None
+    ) -> Generator[Resp, None, None]:
+        """A server-streaming call's messages as they come; closing the iterator cancels."""
+        method: grpc.UnaryStreamMultiCallable[Req, Resp] = self.channel.unary_stream(
+            f"/{SERVICE}/{name}",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=response_type.FromString,
         )
-        request = pb.StreamEntriesRequest(stream=stream, from_seq=from_seq, follow=follow)
         call = method(request, timeout=timeout)
         try:
-            parts: list[bytes] = []
-            for chunk in call:
-                if chunk.offset != sum(map(len, parts)):
-                    raise RuntimeError(f"entry {chunk.seq}: a chunk is missing")
-                parts.append(chunk.data)
-                if chunk.offset + len(chunk.data) == chunk.size:
-                    yield chunk.seq, b"".join(parts)
-                    parts = []
+            yield from call
         finally:
             call.cancel()
+
+    def entries(
+        self,
+        stream: str,
+        from_seq: int = 0,
+        *,
+        stop: int | None = None,
+        follow: bool = False,
+        timeout: float | None = None,
+    ) -> Generator[tuple[int, bytes], None, None]:
+        """``(seq, line)`` of each stored line from ``from_seq`` up to (not incl.) ``stop``,
+        reassembled; closing the iterator cancels."""
+        request = pb.StreamEntriesRequest(stream=stream, from_seq=from_seq, follow=follow)
+        if stop is not None:
+            request.stop_seq = stop
+        parts: list[bytes] = []
+        for chunk in self._stream("StreamEntries", request, pb.EntryChunk, timeout):
+            if chunk.offset != sum(map(len, parts)):
+                raise RuntimeError(f"entry {chunk.seq}: a chunk is missing")
+            parts.append(chunk.data)
+            if chunk.offset + len(chunk.data) == chunk.size:
+                yield chunk.seq, b"".join(parts)
+                parts = []
+
+    def store_info(self, *, timeout: float = 30.0) -> pb.StoreInfoResponse:
+        """Whether the proxy's store is shared, and its name (no password)."""
+        return self._call("StoreInfo", pb.StoreInfoRequest(), pb.StoreInfoResponse, timeout)
+
+    def list_streams(self, *, timeout: float | None = None) -> list[str]:
+        """Every stream of the proxy's store, in name order."""
+        names: list[str] = []
+        for batch in self._stream("ListStreams", pb.ListStreamsRequest(), pb.StreamNames, timeout):
+            names += batch.streams
+        return names
+
+    def stream_state(
+        self, stream: str, *, check_writer: bool = False, timeout: float = 30.0
+    ) -> pb.StreamStateResponse:
+        """A stream's size and lease row (``HasField("lease")``), and with ``check_writer``
+        whether a live process holds its lease."""
+        request = pb.StreamStateRequest(stream=stream, check_writer=check_writer)
+        return self._call("StreamState", request, pb.StreamStateResponse, timeout)
+
+    def checkpoints(self, stream: str, *, timeout: float | None = None) -> list[tuple[int, bytes]]:
+        """``(size, note)`` of each checkpoint of ``stream``, in the order written."""
+        request = pb.StreamCheckpointsRequest(stream=stream)
+        return [
+            (cp.size, cp.note)
+            for cp in self._stream("StreamCheckpoints", request, pb.CheckpointNote, timeout)
+        ]
+
+    def evidence(self, stream: str, *, timeout: float | None = None) -> list[tuple[str, bytes]]:
+        """``(name, data)`` of each evidence file of ``stream``, by name, reassembled."""
+        request = pb.StreamEvidenceRequest(stream=stream)
+        files: list[tuple[str, bytes]] = []
+        parts: list[bytes] = []
+        for chunk in self._stream("StreamEvidence", request, pb.EvidenceChunk, timeout):
+            if chunk.offset != sum(map(len, parts)):
+                raise RuntimeError(f"evidence {chunk.name!r}: a chunk is missing")
+            parts.append(chunk.data)
+            if chunk.offset + len(chunk.data) == chunk.size:
+                files.append((chunk.name, b"".join(parts)))
+                parts = []
+        if parts:
+            raise RuntimeError("evidence: the last file ended before its size")
+        return files
+
+    def get_meta(self, key: str, *, timeout: float = 30.0) -> str | None:
+        """A store-wide value (``log_key``), or None when it is not set."""
+        got = self._call("GetMeta", pb.GetMetaRequest(key=key), pb.GetMetaResponse, timeout)
+        return got.value if got.HasField("value") else None
 
     def close(self) -> None:
         self.channel.close()

@@ -8,8 +8,11 @@ In order, one console line per step (``docs/image.md``, "The full profile's gues
    proxy's port and is refused elsewhere. ``affidavit.probe=HOST:PORT`` proves the first.
 2. **State disk**: the key from ``affidavit.keysource`` (``snp``: derived by the AMD-SP;
    ``test-insecure``: a fixed key, loudly), LUKS2 formatted at first boot, mounted.
-3. **Keys**: the sealing key and the log signing key, born here at first boot and kept on the
-   state disk; ``report_data`` binds their public halves; an SNP report carries it.
+3. **Keys and store**: the sealing key and the log signing key, born here at first boot and
+   kept on the state disk; ``report_data`` binds their public halves; an SNP report carries
+   it. The record is ``record.db`` on the state disk, or the PostgreSQL database the
+   operator's config disk names (``appliance_config``: unmeasured, checked as hostile input),
+   which only the proxy reaches; the harness reads it through the proxy's control socket.
 4. **Proxy and evidence**: the proxy first, under its own uid; the boot evidence (an SNP
    report carrying ``report_data``) kept in the record through it, with its chain (the
    host's certificate table, or AMD's KDS fetched through the proxy).
@@ -146,6 +149,8 @@ class GuestLayout:
     input_devices: Path = Path("/proc/bus/input/devices")
     cpuinfo: Path = Path("/proc/cpuinfo")  # the product, for a report that names none
     pci_devices: Path = Path("/sys/bus/pci/devices")  # a GPU passed through, said at boot
+    block_dir: Path = Path("/sys/block")  # where the operator's config disk is looked for
+    dev_dir: Path = Path("/dev")
     python: str = "python3.11"
     nft: str = "/usr/sbin/nft"
     cryptsetup: str = "/sbin/cryptsetup"
@@ -205,6 +210,17 @@ class GuestLayout:
     def tls_dir(self) -> Path:
         """The external TLS key and certificate: root's only (0700), on the state disk."""
         return self.state_mount / "tls"
+
+    @property
+    def store_file(self) -> Path:
+        """The shared store's connection string (password and all), the proxy's only (0600):
+        never on a command line, which every uid can read in ``/proc``."""
+        return self.run_dir / "home" / "proxy" / "store.conninfo"
+
+    @property
+    def store_ca_file(self) -> Path:
+        """The config disk's ``store_ca``, as the proxy's libpq reads it."""
+        return self.run_dir / "home" / "proxy" / "store-ca.pem"
 
     def token_file(self, service: str) -> Path:
         """``service``'s copy (``engine`` or ``proxy``) of the engine's token, in its own
@@ -433,9 +449,61 @@ def write_engine_token(layout: GuestLayout) -> str:
     return token
 
 
-def write_appliance_json(layout: GuestLayout) -> None:
+def prepare_store(layout: GuestLayout, say: Say) -> bool:
+    """The record store: ``record.db`` on the state disk, or the PostgreSQL database the
+    operator's config disk names (``appliance_config``). Returns whether it is the database;
+    then its connection string is in ``store_file``, for the proxy alone.
+
+    ``Refused`` when a config disk is there but unusable: falling back to ``record.db`` would
+    split the operator's record across two stores."""
+    from enclave_image.appliance_config import (
+        ConfigError,
+        find_config_disk,
+        read_config,
+        store_conninfo,
+    )
+
+    for stale in (layout.store_file, layout.store_ca_file):
+        stale.unlink(missing_ok=True)  # never an earlier boot's word
+    device = find_config_disk(layout.block_dir, layout.dev_dir)
+    if device is None:
+        say(f"store: {layout.record_dir / 'record.db'} on the state disk (no config disk)")
+        return False
+    try:
+        config = read_config(device)
+        if config.store is None:
+            say(f"store: {layout.record_dir / 'record.db'} on the state disk ({device} names none)")
+            return False
+        ca = None
+        if config.store_ca is not None:
+            ca = layout.store_ca_file
+            _write_private(ca, config.store_ca.encode("ascii"), layout.proxy_uid, layout)
+        conninfo = store_conninfo(config, ca)
+    except ConfigError as exc:
+        raise Refused(f"config disk: {exc}") from None
+    _write_private(layout.store_file, conninfo.encode("utf-8"), layout.proxy_uid, layout)
+    from record.postgres_store import describe  # psycopg: only an appliance with a database
+
+    say(
+        f"store: {describe(conninfo)} (from the config disk {device}); the harness reads it"
+        " through the proxy's control socket"
+    )
+    return True
+
+
+def _write_private(path: Path, data: bytes, uid: int, layout: GuestLayout) -> None:
+    """``data`` in a new file only ``uid`` may read, made 0600 before a byte is written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    _own(path, uid, uid, 0o600, layout)
+
+
+def write_appliance_json(layout: GuestLayout, shared_store: bool = False) -> None:
     """``appliance.json`` in the harness's Home: where the proxy, its control socket and the
-    record are (the harness commands and the panel read it)."""
+    record are (the harness commands and the panel read it). A shared store is named by the
+    control socket (``control:``): the harness's uid may not reach the database itself, so it
+    reads the store through the proxy."""
     from harness.state import Appliance, Home
 
     home = Home(layout.home_dir)
@@ -443,7 +511,11 @@ def write_appliance_json(layout: GuestLayout) -> None:
         Appliance(
             proxy_url=layout.url(layout.proxy_port),
             control_socket=str(layout.control_socket),
-            store=str(layout.record_dir / "record.db"),
+            store=(
+                f"control:{layout.control_socket}"
+                if shared_store
+                else str(layout.record_dir / "record.db")
+            ),
             model=layout.model.name,
             api="openai",
             engine_url=layout.url(layout.engine_port),
@@ -486,10 +558,13 @@ def _service(
     )
 
 
-def services(layout: GuestLayout, tee_type: str = "none") -> dict[str, Service]:
+def services(
+    layout: GuestLayout, tee_type: str = "none", shared_store: bool = False
+) -> dict[str, Service]:
     """The three services (and the divergence job), as the supervisor runs them. ``tee_type``:
     what the self-check showed (``sev-snp``, ``tdx``, or ``none``), which the engine puts in
-    every reproducibility block (``AFFIDAVIT_TEE_TYPE``)."""
+    every reproducibility block (``AFFIDAVIT_TEE_TYPE``); ``shared_store``: the proxy writes
+    the database ``store_file`` names, not ``record.db``."""
     from harness.panel.prefix import PANEL_ROOT
 
     cli = [layout.python, "-m", "affidavit"]
@@ -510,7 +585,8 @@ def services(layout: GuestLayout, tee_type: str = "none") -> dict[str, Service]:
              str(layout.record_dir), "--control", str(layout.control_socket), "--port",
              str(layout.proxy_port), "--engine", layout.url(layout.engine_port),
              "--engine-token-file", str(layout.token_file("proxy")), "--kds", layout.kds_url,
-             "--tee-status", str(layout.tee_status_file)],
+             "--tee-status", str(layout.tee_status_file),
+             *(["--store-file", str(layout.store_file)] if shared_store else [])],
             0o027,
         ),
         "harness": _service(
@@ -895,9 +971,10 @@ def run_appliance(
             f"model: WARNING: TEST MODEL {model.name} ({model.path}): a test build"
             f" (test model {model.test_model}), NOT the release's model"
         )
-    write_appliance_json(layout)
+    shared = prepare_store(layout, say)
+    write_appliance_json(layout, shared)
     token = write_engine_token(layout)
-    specs = services(layout)
+    specs = services(layout, shared_store=shared)
     sup = Supervisor(say, reap_all=os.getpid() == 1)
     sup.start_reaper()
     timer: WeeklyTimer | None = None
@@ -914,7 +991,7 @@ def run_appliance(
         chain = keep_evidence(layout, keys, evidence, say) if evidence is not None else b""
         checked = self_check(layout, options, keys, nonce, evidence, chain, say)
         # the engine puts what the check showed in every reproducibility block
-        sup.start(services(layout, checked.tee_type)["engine"])
+        sup.start(services(layout, checked.tee_type, shared)["engine"])
         sup.start(specs["harness"])
         source: EvidenceSource = (
             GuestEvidence(chain, reports=layout.tsm_reports, sev_guest=layout.sev_guest)

@@ -14,6 +14,11 @@ With ``--tee-status FILE`` the control plane refuses pinned sessions until PID 1
 its own evidence (``attestation.self_check``), written to that file, says the appliance is
 attested or that unattested operation is allowed (``egress_proxy.tee_status``).
 
+With ``--store-file FILE`` the record is the PostgreSQL database that file's connection
+string names (the operator's config disk, ``enclave_image.appliance_config``); PID 1 writes
+it 0600 for this uid, so the password never appears on a command line. The keys stay on the
+state disk.
+
 The control socket is made group-writable (0660): the harness's uid, in the record folder's
 group, must reach it; no one else can (the folder is 0750).
 """
@@ -76,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the appliance's self-check (written by PID 1): pinned sessions are refused"
         " until it says attested, or unattested operation allowed",
     )
+    parser.add_argument(
+        "--store-file",
+        type=Path,
+        help="a file holding the record store's postgresql:// connection string (default:"
+        " record.db in --record)",
+    )
     args = parser.parse_args(argv)
 
     from egress_proxy.config import api_keys, parse_config
@@ -93,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    store: Path | str = args.record / "record.db"
+    if args.store_file is not None:
+        try:
+            store = args.store_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"proxy: cannot read the store file {args.store_file}: {exc}", flush=True)
+            return 3
     args.control.unlink(missing_ok=True)  # a socket left by a killed run
     config = parse_config(
         proxy_config(args.port, args.engine, args.engine_token_file, args.kds, args.tee_status)
@@ -102,15 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"proxy: {exc}", flush=True)
         return exc.exit_code
+    from record.backends import store_name
+    from record.errors import RecordError
+
+    try:
+        log = Log.open(store, signing_key=signing, appliance_key=KeyPair.read(key_file))
+    except RecordError as exc:  # a database that does not answer: exit 3, said in one line
+        print(f"proxy: {exc}", flush=True)
+        return exc.exit_code
     with (
-        Log.open(
-            args.record / "record.db", signing_key=signing, appliance_key=KeyPair.read(key_file)
-        ) as log,
+        log,
         ProxyServer(config, log, control_socket=args.control) as proxy,
     ):
         os.chmod(args.control, 0o660)
         print(
-            f"proxy: serving {proxy.url}, control {args.control}, record {args.record}", flush=True
+            f"proxy: serving {proxy.url}, control {args.control}, record {store_name(store)}",
+            flush=True,
         )
         stop.wait()
     print("proxy: stopped", flush=True)

@@ -1,6 +1,7 @@
 """``affidavit image …``: the enclave image's commands: ``verity``, ``initrd``, ``inputs``,
 ``lock``, ``measure``, ``compare``, ``build`` (``--boot`` boots it under QEMU), ``ovmf`` (the
-pinned AmdSev firmware) and ``release`` (``make release``: build, measure every shape, sign).
+pinned AmdSev firmware), ``release`` (``make release``: build, measure every shape, sign) and
+``config-disk`` (an operator's config disk: the shared record store).
 
 Exit codes: 0 fine, 1 a problem was found (``inputs``: a cached input missing or changed;
 ``measure``: the image is a test build, without ``--allow-test-model``; ``release``, ``ovmf``:
@@ -8,7 +9,7 @@ the build failed),
 2 usage error (a bad salt, UUID, image size, version, key or vCPU type, a folder for the
 image; ``release``: a key kept in the checkout or readable by others, a key that is not
 ``release.pub``'s, a release already published), 3 an input is missing (the image, the tree,
-the lock, the OVMF, the release key).
+the lock, the OVMF, the release key; ``config-disk``: the ``postgres`` extra).
 ``--json`` prints one JSON document on stdout; errors go to stderr.
 """
 
@@ -655,6 +656,76 @@ def lock_inputs(
               f"{len(the_lock.wheels)} wheels")  # fmt: skip
 
 
+def config_disk(
+    out: Annotated[Path, typer.Argument(metavar="OUT", help="the disk image to write (raw)")],
+    store: Annotated[
+        str,
+        typer.Option(
+            envvar="AFFIDAVIT_STORE_URL",
+            help="the record store, a postgresql:// URL (from the environment keeps a password"
+            " out of the shell's history)",
+        ),
+    ],
+    store_ca: Annotated[
+        Path | None,
+        typer.Option(help="PEM certificates the server's certificate must chain to"),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON document")] = False,
+) -> None:
+    """Write an operator's config disk: attach it with serial ``affidavit-config`` and every
+    appliance booted with it writes its record to that database (``docs/deploy.md``).
+
+    The disk is outside the measurement: the published measurement stays the same for every
+    operator. It holds the password, so it is written 0600."""
+    from pydantic import ValidationError
+
+    from enclave_image.appliance_config import (
+        CONFIG_FORMAT,
+        SERIAL,
+        ConfigError,
+        OperatorConfig,
+        config_disk_bytes,
+        parse_config,
+    )
+
+    try:
+        import psycopg  # noqa: F401  (the URL is checked by libpq's own parser)
+    except ImportError:
+        raise _missing("checking a store URL needs the postgres extra") from None
+    try:
+        pem = store_ca.read_text(encoding="ascii") if store_ca is not None else None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(
+            f"cannot read {store_ca}: {exc}", param_hint="--store-ca"
+        ) from None
+    try:
+        config = OperatorConfig(format=CONFIG_FORMAT, store=store, store_ca=pem)
+        data = config_disk_bytes(config)
+        parse_config(data)  # what the guest will check, checked before a byte is written
+    except (ConfigError, ValidationError) as exc:
+        print(f"affidavit: {_one_line(exc)}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
+    import os
+
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as disk:
+        disk.write(data)
+    os.chmod(out, 0o600)
+    if as_json:
+        print(json.dumps({"disk": str(out), "bytes": len(data), "serial": SERIAL}))
+    else:
+        print(f"wrote {out} ({len(data)} bytes): attach it with serial {SERIAL}")
+
+
+def _one_line(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return str(exc)
+
+
 def register(app: typer.Typer) -> typer.Typer:
     """Add ``affidavit image`` to ``app``; return the sub-app for more image commands."""
     image_app = typer.Typer(
@@ -671,4 +742,5 @@ def register(app: typer.Typer) -> typer.Typer:
     image_app.command("build")(build)
     image_app.command("ovmf")(ovmf)
     image_app.command("release")(release)
+    image_app.command("config-disk")(config_disk)
     return image_app

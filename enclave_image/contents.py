@@ -154,9 +154,9 @@ def _requires(name: str, extras: frozenset[str]) -> list[str]:
 
 
 def full_wheels(
-    root: str = "affidavit", extras: frozenset[str] = frozenset({"engine"})
+    root: str = "affidavit", extras: frozenset[str] = frozenset({"engine", "postgres"})
 ) -> list[str]:
-    """Every distribution ``affidavit[engine]`` needs at run time, as installed here.
+    """Every distribution ``affidavit[engine,postgres]`` needs at run time, as installed here.
 
     Markers are evaluated with ``packaging`` (a maintainer's tool: only ``image lock`` calls
     this, the build reads the names back from the lock).

@@ -31,6 +31,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+# A home's store may be ``control:/…/control.sock`` (the appliance's readers have no route to
+# its database): the proxy's reader registers that scheme with ``record.backends``.
+import egress_proxy.control_store  # noqa: F401
+
 __all__ = [
     "Appliance",
     "ApplianceGone",

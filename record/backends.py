@@ -1,13 +1,22 @@
-"""Where a record lives, and opening it: a SQLite file's path, or a PostgreSQL URL.
+"""Where a record lives, and opening it: a SQLite file's path, a PostgreSQL URL, or a
+location of a scheme another package registered.
 
 Every reader and writer of a store names it by this one value (``--store``, the home's
 ``appliance.json`` and ``store`` file, ``Log.open``), so a fleet's PostgreSQL store is read
 by the same commands as one appliance's file. The PostgreSQL backend comes with the
 ``postgres`` extra and is imported only when a URL is opened.
+
+A package above the record adds a way to reach a store with :func:`register_scheme`: the
+proxy's ``control:/path/to/control.sock`` (``egress_proxy.control_store``, registered when it
+is imported) reads the store through the proxy's control plane, for a reader with no route
+to the database. Such a location is text, like a URL, never a path.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from record.errors import BadStoreLocation, StoreMissing
@@ -20,21 +29,64 @@ __all__ = [
     "location",
     "open_store",
     "reason",
+    "register_scheme",
     "store_exists",
     "store_label",
     "store_name",
     "unreachable",
 ]
 
-#: A SQLite file (a path) or a PostgreSQL database (a ``postgresql://`` URL).
+#: A SQLite file (a path), a PostgreSQL database (a ``postgresql://`` URL), or a location of
+#: a registered scheme (text).
 StoreLocation = Path | str
 
 _SCHEMES = ("postgresql://", "postgres://")
 
 
+@dataclass(frozen=True)
+class _Scheme:
+    opener: Callable[[str, bool], LogStore]  # (location, readonly) -> the store
+    describe: Callable[[str], str]  # the location as messages name it (no secret in it)
+
+
+_REGISTERED: dict[str, _Scheme] = {}
+_PREFIX = re.compile(r"[a-z][a-z0-9+.-]*:(//)?")  # a URI scheme and its colon (and ``//``)
+
+#: Schemes whose reader lives above the record and registers itself when imported, with the
+#: module that does: named here only so that a process without it says so, instead of
+#: looking for a file by that name.
+_REGISTERED_ELSEWHERE = {"control:": "egress_proxy.control_store"}
+
+
+def register_scheme(
+    prefix: str,
+    opener: Callable[[str, bool], LogStore],
+    describe: Callable[[str], str] = str,
+) -> None:
+    """Read locations that start with ``prefix`` (``control:``) with ``opener(location,
+    readonly)``, and name them in messages by ``describe(location)``. Registering a prefix
+    again replaces it (a module imported twice)."""
+    if not _PREFIX.fullmatch(prefix) or prefix in _SCHEMES:
+        raise ValueError(f"{prefix!r} is not a scheme prefix a backend may register")
+    _REGISTERED[prefix] = _Scheme(opener, describe)
+
+
+def _prefix(location: StoreLocation) -> str | None:
+    """The registered (or known, unregistered) scheme prefix ``location`` starts with."""
+    if not isinstance(location, str):
+        return None
+    for prefix in (*_REGISTERED, *_REGISTERED_ELSEWHERE):
+        if location.startswith(prefix):
+            return prefix
+    return None
+
+
 def is_url(location: StoreLocation) -> bool:
-    """Whether ``location`` names a PostgreSQL database rather than a SQLite file."""
-    return isinstance(location, str) and location.startswith(_SCHEMES)
+    """Whether ``location`` names a store by URL (a PostgreSQL database, or a scheme such as
+    ``control:``) rather than a SQLite file."""
+    return isinstance(location, str) and (
+        location.startswith(_SCHEMES) or _prefix(location) is not None
+    )
 
 
 def location(text: str) -> StoreLocation:
@@ -56,7 +108,11 @@ def unreachable(location: StoreLocation, exc: BaseException) -> StoreMissing:
 
 def store_name(location: StoreLocation) -> str:
     """How messages name the store: a file by its path, a database by its URL without a
-    password."""
+    password, a registered scheme's location as it says."""
+    prefix = _prefix(location)
+    if prefix is not None:
+        scheme = _REGISTERED.get(prefix)
+        return str(location) if scheme is None else scheme.describe(str(location))
     if is_url(location):
         from record.postgres_store import describe
 
@@ -70,7 +126,8 @@ def store_label(location: StoreLocation) -> str:
 
 
 def store_exists(location: StoreLocation) -> bool:
-    """Whether a store file is there; a database URL is taken as there (opening it says)."""
+    """Whether a store file is there; a URL (a database, a ``control:`` socket) is taken as
+    there (opening it says)."""
     return is_url(location) or Path(location).is_file()
 
 
@@ -78,8 +135,18 @@ def open_store(location: StoreLocation, *, readonly: bool = False) -> LogStore:
     """The store at ``location``; ``readonly`` for audits and readers.
 
     A database that cannot be reached, or the ``postgres`` extra not installed, is a store
-    that is missing (``StoreMissing``, exit 3), said in one line.
+    that is missing (``StoreMissing``, exit 3), said in one line; so is a registered scheme
+    (``control:``) whose module this process has not imported.
     """
+    prefix = _prefix(location)
+    if prefix is not None:
+        scheme = _REGISTERED.get(prefix)
+        if scheme is None:
+            raise StoreMissing(
+                f"a {prefix} store is read by {_REGISTERED_ELSEWHERE[prefix]}, which this "
+                f"process has not loaded (import it first; the affidavit command does)"
+            )
+        return scheme.opener(str(location), readonly)
     if not is_url(location):
         return SQLiteStore(location, readonly=readonly)
     try:

@@ -186,8 +186,8 @@ def home_store(home: Path | None) -> StoreLocation:
 
 
 def _store_of(store: str | None, home: Path | None) -> StoreLocation:
-    """``--store`` (a file or a ``postgresql://`` URL) if given, else the home's store; a
-    missing file: exit 3, naming where it looked."""
+    """``--store`` (a file, a ``postgresql://`` URL or a ``control:`` socket) if given, else
+    the home's store; a missing file: exit 3, naming where it looked."""
     source: StoreLocation = home_store(home) if store is None else store
     if not is_url(source):
         source = Path(source)
@@ -281,7 +281,8 @@ _Store = Annotated[
     typer.Option(
         "--store",
         metavar="STORE",
-        help="the record store: a file or a postgresql:// URL (default: the home's store)",
+        help="the record store: a file, a postgresql:// URL or control:/path/to/control.sock "
+        "(default: the home's store)",
     ),
 ]
 _Home = Annotated[
@@ -362,8 +363,8 @@ def log_verify(
     home: _Home = None,
     as_json: _Json = False,
 ) -> int:
-    """Audit a store (a file or a postgresql:// URL) or a bundle directory (default: the
-    home's store)."""
+    """Audit a store (a file, a postgresql:// URL or control:/path/to/control.sock) or a
+    bundle directory (default: the home's store)."""
     target = _store_of(None, home) if path is None else location(path)
     pair = _read_key(key)
     kept = _read_kept(against or [])
@@ -484,11 +485,11 @@ def log_checkpoint(
     from record.log import sign_stored, signing_key_file
 
     source = _store_of(store, home)
-    # A database's signing key is not beside it: it is the appliance's, in its home.
-    given = home_root(home) / SIGNING_KEY_FILE if is_url(source) else None
-    signer = Signer.load_or_create(signing_key_file(source, given), LOG_KEY_NAME)
-    opened = open_store(source)
+    opened = open_store(source)  # first: a store that cannot be written makes no key
     try:
+        # A database's signing key is not beside it: it is the appliance's, in its home.
+        given = home_root(home) / SIGNING_KEY_FILE if is_url(source) else None
+        signer = Signer.load_or_create(signing_key_file(source, given), LOG_KEY_NAME)
         cp = sign_stored(opened, signer, stream)
     finally:
         opened.close()

@@ -5,7 +5,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -135,14 +135,16 @@ class ArmReplayResponse(_message.Message):
     def __init__(self, model_steps: _Optional[int] = ..., tool_calls: _Optional[int] = ...) -> None: ...
 
 class StreamEntriesRequest(_message.Message):
-    __slots__ = ("stream", "from_seq", "follow")
+    __slots__ = ("stream", "from_seq", "follow", "stop_seq")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    STOP_SEQ_FIELD_NUMBER: _ClassVar[int]
     stream: str
     from_seq: int
     follow: bool
-    def __init__(self, stream: _Optional[str] = ..., from_seq: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+    stop_seq: int
+    def __init__(self, stream: _Optional[str] = ..., from_seq: _Optional[int] = ..., follow: _Optional[bool] = ..., stop_seq: _Optional[int] = ...) -> None: ...
 
 class EntryChunk(_message.Message):
     __slots__ = ("seq", "size", "offset", "data")
@@ -173,3 +175,97 @@ class GetVerdictsResponse(_message.Message):
     tools_replayed: int
     live_calls: int
     def __init__(self, source_stream: _Optional[str] = ..., verdicts_json: _Optional[_Iterable[str]] = ..., tools_replayed: _Optional[int] = ..., live_calls: _Optional[int] = ...) -> None: ...
+
+class StoreInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StoreInfoResponse(_message.Message):
+    __slots__ = ("shared", "label")
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    shared: bool
+    label: str
+    def __init__(self, shared: _Optional[bool] = ..., label: _Optional[str] = ...) -> None: ...
+
+class ListStreamsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StreamNames(_message.Message):
+    __slots__ = ("streams",)
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, streams: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StreamStateRequest(_message.Message):
+    __slots__ = ("stream", "check_writer")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    CHECK_WRITER_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    check_writer: bool
+    def __init__(self, stream: _Optional[str] = ..., check_writer: _Optional[bool] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("holder", "since", "released")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    since: str
+    released: bool
+    def __init__(self, holder: _Optional[str] = ..., since: _Optional[str] = ..., released: _Optional[bool] = ...) -> None: ...
+
+class StreamStateResponse(_message.Message):
+    __slots__ = ("size", "lease", "writer_alive")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_ALIVE_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    lease: Lease
+    writer_alive: bool
+    def __init__(self, size: _Optional[int] = ..., lease: _Optional[_Union[Lease, _Mapping]] = ..., writer_alive: _Optional[bool] = ...) -> None: ...
+
+class StreamCheckpointsRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class CheckpointNote(_message.Message):
+    __slots__ = ("size", "note")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    size: int
+    note: bytes
+    def __init__(self, size: _Optional[int] = ..., note: _Optional[bytes] = ...) -> None: ...
+
+class StreamEvidenceRequest(_message.Message):
+    __slots__ = ("stream",)
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    def __init__(self, stream: _Optional[str] = ...) -> None: ...
+
+class EvidenceChunk(_message.Message):
+    __slots__ = ("name", "size", "offset", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    offset: int
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GetMetaRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class GetMetaResponse(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: str
+    def __init__(self, value: _Optional[str] = ...) -> None: ...

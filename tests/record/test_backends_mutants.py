@@ -1,7 +1,10 @@
-"""``record.backends``: a store named by a path or a ``postgresql://`` URL, word for word.
+"""``record.backends``: a store named by a path, a ``postgresql://`` URL or a registered
+scheme's location, word for word.
 
 Real stores only: a SQLite file in ``tmp_path`` and the private PostgreSQL cluster of
-``tests/pg_server.py``; a database nobody answers on is a closed port on loopback.
+``tests/pg_server.py``; a database nobody answers on is a closed port on loopback. A scheme
+is registered here with an opener of a SQLite file (the proxy's ``control:`` is tested with a
+real proxy in ``tests/egress_proxy/test_control_store.py``).
 """
 
 from __future__ import annotations
@@ -13,10 +16,20 @@ from typing import Any
 
 import pytest
 
-from record.backends import is_url, open_store, store_exists, store_label, store_name
+import record.backends as backends
+from record.backends import (
+    is_url,
+    location,
+    open_store,
+    register_scheme,
+    store_exists,
+    store_label,
+    store_name,
+)
 from record.errors import StoreMissing
 from record.postgres_store import PostgresStore
 from record.sqlite_store import SQLiteStore
+from record.store import LogStore
 
 
 def _closed_port() -> int:
@@ -126,3 +139,52 @@ def test_a_malformed_url_is_a_usage_error_that_does_not_echo_it(
         line.startswith("affidavit: error: the store is not a PostgreSQL URL")
         and "secret" not in line
     )
+
+
+@pytest.fixture
+def no_schemes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No scheme registered (whatever this process imported), and none left behind."""
+    monkeypatch.setattr(backends, "_REGISTERED", {})
+
+
+def test_a_registered_scheme_is_text_named_its_way_and_opened_by_its_opener(
+    no_schemes: None, tmp_path: Path
+) -> None:
+    SQLiteStore(tmp_path / "record.db").close()
+    opened: list[tuple[str, bool]] = []
+
+    def opener(where: str, readonly: bool) -> LogStore:
+        opened.append((where, readonly))
+        return SQLiteStore(tmp_path / "record.db", readonly=readonly)
+
+    assert not is_url("toy:/a/b")  # not yet: a path
+    register_scheme("toy:", opener, lambda where: "the toy at " + where.removeprefix("toy:"))
+    assert is_url("toy:/a/b") and location("toy:/a/b") == "toy:/a/b"
+    assert not is_url(Path("toy:/a/b")) and not is_url("toyx:/a")
+    assert store_name("toy:/a/b") == store_label("toy:/a/b") == "the toy at /a/b"
+    assert store_exists("toy:/nowhere")  # opening it says whether it is there
+    for readonly in (True, False):
+        store = open_store("toy:/a/b", readonly=readonly)
+        assert isinstance(store, SQLiteStore) and store.readonly is readonly
+        store.close()
+    assert opened == [("toy:/a/b", True), ("toy:/a/b", False)]
+
+
+@pytest.mark.parametrize("prefix", ["", "toy", "postgresql://", "postgres://", "a/b:", "Toy:"])
+def test_only_a_new_scheme_prefix_registers(no_schemes: None, prefix: str) -> None:
+    with pytest.raises(ValueError, match="not a scheme prefix"):
+        register_scheme(prefix, lambda where, readonly: SQLiteStore(where))
+    assert backends._REGISTERED == {}
+
+
+def test_a_control_location_where_nothing_registered_it_says_what_to_load(
+    no_schemes: None,
+) -> None:
+    where = "control:/run/affidavit/control.sock"
+    assert is_url(where) and location(where) == where and store_name(where) == where
+    assert store_exists(where)
+    with pytest.raises(StoreMissing) as caught:
+        open_store(where, readonly=True)
+    said = str(caught.value)
+    assert said.startswith("a control: store is read by egress_proxy.control_store"), said
+    assert "not loaded" in said and "No such file" not in said

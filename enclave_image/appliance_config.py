@@ -1,0 +1,211 @@
+"""The operator's config disk: what one operator's appliances need that the release cannot
+know, read at boot from a small disk the host attaches, outside the measurement.
+
+Today that is one thing: the record store, a PostgreSQL database several appliances share
+(``docs/deploy.md``, "Several appliances, one PostgreSQL store"). Without a config disk the
+record stays ``record.db`` on the state disk.
+
+**Why not the kernel command line.** It is measured: an operator's URL there would change
+the launch digest, and no appliance would match the published measurement. Nothing here
+needs measuring either. The database is untrusted storage: every body is sealed to the
+user's keys, every checkpoint is signed by a key born in the guest, and the audit catches a
+store that drops, changes or reorders what it was given. A host that lies on this disk can
+only deny service, which it can do anyway. The password is the operator's own, for the
+operator's own database.
+
+**Finding it.** The disk is the virtio disk whose serial is ``affidavit-config``
+(``/sys/block/*/serial``; QEMU: ``-device virtio-blk-pci,serial=affidavit-config``). Its
+bytes are one JSON document (``affidavit image config-disk`` writes it), padded with
+newlines or NULs; at most :data:`MAX_CONFIG_BYTES`.
+
+**Hostile until parsed.** The disk is the host's, so every byte is checked before use: the
+document against :class:`OperatorConfig` (no unknown member), the URL against the libpq
+keywords in :data:`STORE_KEYWORDS` (no ``passfile``, ``service``, ``sslkey`` or ``options``:
+those would read the guest's files or loosen the store's durability), a host that is a
+name or an address (never a Unix socket path), and the CA bundle as PEM certificates. A
+disk that is there but wrong stops the boot (``Refused``): a typo must not split one
+session's record across two stores.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+__all__ = [
+    "CONFIG_FORMAT",
+    "MAX_CONFIG_BYTES",
+    "SERIAL",
+    "STORE_KEYWORDS",
+    "ConfigError",
+    "OperatorConfig",
+    "check_store_url",
+    "config_disk_bytes",
+    "find_config_disk",
+    "parse_config",
+    "read_config",
+    "store_conninfo",
+]
+
+SERIAL = "affidavit-config"
+CONFIG_FORMAT = "affidavit-config/1"
+MAX_CONFIG_BYTES = 64 << 10
+BLOCK = 4096  # the disk's size is a multiple of this: QEMU serves whole sectors
+
+#: The libpq keywords a config disk's store URL may use; any other is refused.
+STORE_KEYWORDS = frozenset(
+    {
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "sslmode",
+        "sslrootcert",  # only ``system``: a CA bundle comes as ``store_ca``
+        "connect_timeout",
+        "application_name",
+        "target_session_attrs",
+    }
+)
+_SSLMODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+
+
+class ConfigError(ValueError):
+    """The config disk is there but not usable; the message says what to change."""
+
+
+class OperatorConfig(BaseModel):
+    """The config disk's document."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["affidavit-config/1"]
+    #: The record store: a ``postgresql://`` URL (password included, if the server asks).
+    store: str | None = Field(default=None, max_length=4096)
+    #: PEM certificates the store's server certificate must chain to (``sslmode=verify-*``).
+    store_ca: str | None = Field(default=None, max_length=32 << 10)
+
+
+def check_store_url(url: str) -> dict[str, str]:
+    """The URL's libpq parameters, once every one is allowed; ``ConfigError`` naming the
+    first that is not. The URL itself is never quoted back: it may hold a password."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict
+
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigError("store: not a postgresql:// URL")
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
+    except psycopg.ProgrammingError:
+        raise ConfigError("store: a postgresql:// URL libpq cannot read") from None
+    refused = sorted(set(params) - STORE_KEYWORDS)
+    if refused:
+        raise ConfigError(
+            f"store: the URL sets {', '.join(refused)}; a config disk may set only "
+            + ", ".join(sorted(STORE_KEYWORDS))
+        )
+    hosts = params.get("host", "").split(",") if "host" in params else []
+    if "hostaddr" not in params and not any(hosts):
+        raise ConfigError("store: the URL names no host (the guest has no local server)")
+    for host in hosts:
+        if not host or host.startswith(("/", "@")):
+            raise ConfigError(f"store: host {host!r} is not a host name or address")
+    if params.get("sslmode", "prefer") not in _SSLMODES:
+        raise ConfigError(f"store: sslmode={params['sslmode']} is not one of {'|'.join(_SSLMODES)}")
+    if params.get("sslrootcert", "system") != "system":
+        raise ConfigError("store: sslrootcert may only be `system`; give a CA bundle as store_ca")
+    if "dbname" not in params:
+        raise ConfigError("store: the URL names no database")
+    return params
+
+
+def _check_ca(pem: str) -> None:
+    from cryptography.x509 import load_pem_x509_certificates
+
+    try:
+        load_pem_x509_certificates(pem.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        raise ConfigError("store_ca: not PEM certificates") from None
+
+
+def read_config(device: Path) -> OperatorConfig:
+    """The document on ``device``, checked; ``ConfigError`` on anything else."""
+    try:
+        with open(device, "rb") as disk:
+            raw = disk.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {device}: {exc.strerror or exc}") from None
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{device}: {exc}") from None
+
+
+def parse_config(raw: bytes) -> OperatorConfig:
+    """A config disk's bytes, checked as the guest checks them."""
+    text = raw.rstrip(b"\0 \t\r\n")
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"more than {MAX_CONFIG_BYTES} bytes of config")
+    if not text:
+        raise ConfigError("the config disk is empty")
+    from record.limits import JsonRefused, load_json
+
+    try:
+        doc = load_json(text, unique_keys=True)
+    except (JsonRefused, ValueError) as exc:
+        raise ConfigError(f"not one JSON document: {exc}") from None
+    try:
+        config = OperatorConfig.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "the document"
+        raise ConfigError(f"{where}: {first['msg']}") from None
+    if config.store is not None:
+        params = check_store_url(config.store)
+        if config.store_ca is not None and params.get("sslrootcert"):
+            raise ConfigError("store: give either sslrootcert=system or store_ca, not both")
+    if config.store_ca is not None:
+        if config.store is None:
+            raise ConfigError("store_ca: given without a store")
+        _check_ca(config.store_ca)
+    return config
+
+
+def store_conninfo(config: OperatorConfig, ca_file: Path | None) -> str:
+    """The connection string the proxy opens: the disk's URL, with ``sslrootcert`` pointing
+    at ``ca_file`` (where the guest wrote ``store_ca``) when there is one."""
+    from psycopg.conninfo import make_conninfo
+
+    if config.store is None:
+        raise ConfigError("the config disk names no store")
+    if ca_file is None:
+        return config.store
+    return make_conninfo(config.store, sslrootcert=str(ca_file))
+
+
+def find_config_disk(block_dir: Path, dev_dir: Path) -> Path | None:
+    """The device whose serial is :data:`SERIAL` (None: the host attached no config disk)."""
+    try:
+        names = sorted(p.name for p in block_dir.iterdir())
+    except OSError:
+        return None
+    for name in names:
+        try:
+            serial = (block_dir / name / "serial").read_text(errors="replace").strip()
+        except OSError:
+            continue
+        if serial == SERIAL:
+            return dev_dir / name
+    return None
+
+
+def config_disk_bytes(config: OperatorConfig) -> bytes:
+    """A config disk's whole content: the document, padded with newlines to whole blocks."""
+    body = json.dumps(config.model_dump(exclude_none=True), indent=2).encode() + b"\n"
+    if len(body) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"the config is {len(body)} bytes (at most {MAX_CONFIG_BYTES})")
+    return body + b"\n" * (-len(body) % BLOCK)
