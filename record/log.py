@@ -206,8 +206,14 @@ class Log:
         a PostgreSQL URL, which needs ``signing_key``: the key is this appliance's, kept on
         its own disk, never in the shared database.
         """
-        signer = Signer.load_or_create(signing_key_file(location, signing_key), LOG_KEY_NAME)
-        return cls(open_store(location), signer, appliance_key=appliance_key, lease_wait=lease_wait)
+        key_file = signing_key_file(location, signing_key)
+        store = open_store(location)  # first: a store it cannot write leaves no new key behind
+        try:
+            signer = Signer.load_or_create(key_file, LOG_KEY_NAME)
+        except BaseException:
+            store.close()
+            raise
+        return cls(store, signer, appliance_key=appliance_key, lease_wait=lease_wait)
 
     # -- public API ------------------------------------------------------------------------------
 

@@ -369,3 +369,12 @@ def test_an_unregistered_control_scheme_says_what_to_load() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "egress_proxy.control_store" in done.stdout and "not loaded" in done.stdout, done.stdout
+
+
+def test_a_writer_on_a_control_location_is_refused_before_it_makes_a_key(tmp_path: Path) -> None:
+    """``Log.open`` (``affidavit up --store``) on a store only the proxy writes: refused in one
+    line, and no signing key is left behind for a log that never opened."""
+    key = tmp_path / "record.signing-key"
+    with pytest.raises(BadStoreLocation, match="only the proxy writes it"):
+        Log.open(f"{SCHEME}{tmp_path / 'control.sock'}", signing_key=key)
+    assert not key.exists()
