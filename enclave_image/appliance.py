@@ -151,6 +151,9 @@ class GuestLayout:
     pci_devices: Path = Path("/sys/bus/pci/devices")  # a GPU passed through, said at boot
     block_dir: Path = Path("/sys/block")  # where the operator's config disk is looked for
     dev_dir: Path = Path("/dev")
+    #: Tests only: the config disk may name a database on loopback (the tests' private
+    #: PostgreSQL). In the guest a loopback listener could only be another uid's.
+    store_on_loopback: bool = False
     python: str = "python3.11"
     nft: str = "/usr/sbin/nft"
     cryptsetup: str = "/sbin/cryptsetup"
@@ -470,7 +473,7 @@ def prepare_store(layout: GuestLayout, say: Say) -> bool:
         say(f"store: {layout.record_dir / 'record.db'} on the state disk (no config disk)")
         return False
     try:
-        config = read_config(device)
+        config = read_config(device, loopback=layout.store_on_loopback)
         if config.store is None:
             say(f"store: {layout.record_dir / 'record.db'} on the state disk ({device} names none)")
             return False
@@ -478,7 +481,7 @@ def prepare_store(layout: GuestLayout, say: Say) -> bool:
         if config.store_ca is not None:
             ca = layout.store_ca_file
             _write_private(ca, config.store_ca.encode("ascii"), layout.proxy_uid, layout)
-        conninfo = store_conninfo(config, ca)
+        conninfo = store_conninfo(config, ca, loopback=layout.store_on_loopback)
     except ConfigError as exc:
         raise Refused(f"config disk: {exc}") from None
     _write_private(layout.store_file, conninfo.encode("utf-8"), layout.proxy_uid, layout)

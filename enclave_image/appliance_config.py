@@ -30,6 +30,8 @@ session's record across two stores.
 from __future__ import annotations
 
 import json
+import re
+from ipaddress import IPv4Address, IPv6Address, ip_address
 from pathlib import Path
 from typing import Literal
 
@@ -90,17 +92,22 @@ class OperatorConfig(BaseModel):
     store_ca: str | None = Field(default=None, max_length=32 << 10)
 
 
-def check_store_url(url: str) -> dict[str, str]:
+def check_store_url(url: str, *, ca_given: bool = False, loopback: bool = False) -> dict[str, str]:
     """The URL's libpq parameters, once every one is allowed; ``ConfigError`` naming the
-    first that is not. The URL itself is never quoted back: it may hold a password."""
+    first that is not. The URL itself is never quoted back: it may hold a password.
+    ``ca_given``: ``sslrootcert`` may name the file the guest wrote ``store_ca`` to.
+    ``loopback``: a server on this machine is allowed (tests only: in the guest, a loopback
+    listener could only be another uid's)."""
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
     if not url.startswith(("postgresql://", "postgres://")):
         raise ConfigError("store: not a postgresql:// URL")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        raise ConfigError("store: the URL holds a control character")
     try:
         params = {k: str(v) for k, v in conninfo_to_dict(url).items() if v is not None}
-    except psycopg.ProgrammingError:
+    except (psycopg.ProgrammingError, UnicodeDecodeError):
         raise ConfigError("store: a postgresql:// URL libpq cannot read") from None
     refused = sorted(set(params) - STORE_KEYWORDS)
     if refused:
@@ -108,19 +115,77 @@ def check_store_url(url: str) -> dict[str, str]:
             f"store: the URL sets {', '.join(refused)}; a config disk may set only "
             + ", ".join(sorted(STORE_KEYWORDS))
         )
-    hosts = params.get("host", "").split(",") if "host" in params else []
-    if "hostaddr" not in params and not any(hosts):
+    hosts = params["host"].split(",") if "host" in params else []
+    addrs = params["hostaddr"].split(",") if "hostaddr" in params else []
+    if not hosts and not addrs:
         raise ConfigError("store: the URL names no host (the guest has no local server)")
     for host in hosts:
-        if not host or host.startswith(("/", "@")):
-            raise ConfigError(f"store: host {host!r} is not a host name or address")
-    if params.get("sslmode", "prefer") not in _SSLMODES:
-        raise ConfigError(f"store: sslmode={params['sslmode']} is not one of {'|'.join(_SSLMODES)}")
-    if params.get("sslrootcert", "system") != "system":
-        raise ConfigError("store: sslrootcert may only be `system`; give a CA bundle as store_ca")
-    if "dbname" not in params:
+        local = host.lower() == "localhost" or _local(host)
+        if not _HOST.fullmatch(host) or (local and not loopback):
+            raise ConfigError(
+                f"store: host {host!r} is not the name or address of another machine"
+                " (a password holding / or @ must be percent-encoded)"
+            )
+    for addr in addrs:
+        if not _address(addr) or (_local(addr) and not loopback):
+            raise ConfigError(f"store: hostaddr {addr!r} is not another machine's IP address")
+    if hosts and addrs and len(hosts) != len(addrs):
+        raise ConfigError("store: host and hostaddr list different numbers of servers")
+    ports = params["port"].split(",") if "port" in params else []
+    bad_port = any(p and (not p.isdigit() or not 0 < int(p) < 65536) for p in ports)
+    if bad_port or len(ports) not in (
+        0,
+        1,
+        max(len(hosts), len(addrs)),
+    ):
+        raise ConfigError(
+            "store: the port is not a number from 1 to 65535 (or empty) for each host"
+            " (a password holding / or @ must be percent-encoded)"
+        )
+    dbname = params.get("dbname")
+    if not dbname:
         raise ConfigError("store: the URL names no database")
+    if "@" in dbname or "/" in dbname:
+        raise ConfigError(
+            "store: the database name holds @ or / (a password holding / or @ must be"
+            " percent-encoded)"
+        )
+    sslmode = params.get("sslmode")
+    if sslmode is not None and sslmode not in _SSLMODES:
+        raise ConfigError(f"store: sslmode={sslmode} is not one of {'|'.join(_SSLMODES)}")
+    root = params.get("sslrootcert")
+    if root is not None and root != "system" and not ca_given:
+        raise ConfigError("store: sslrootcert may only be `system`; give a CA bundle as store_ca")
+    if root == "system" and sslmode not in (None, "verify-full"):
+        raise ConfigError("store: sslrootcert=system needs sslmode=verify-full (libpq's rule)")
+    timeout = params.get("connect_timeout")
+    if timeout is not None and (not timeout.isdigit() or int(timeout) > 3600):
+        raise ConfigError("store: connect_timeout is not a whole number of seconds up to 3600")
+    attrs = params.get("target_session_attrs")
+    if attrs is not None and attrs not in _SESSION_ATTRS:
+        raise ConfigError(
+            f"store: target_session_attrs={attrs} is not one of {'|'.join(_SESSION_ATTRS)}"
+        )
+    if len(params.get("application_name", "")) > 64:
+        raise ConfigError("store: application_name is longer than 64 characters")
     return params
+
+
+_HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._:-]{0,252}[A-Za-z0-9.])?")
+_SESSION_ATTRS = ("any", "read-write", "read-only", "primary", "standby", "prefer-standby")
+
+
+def _address(text: str) -> IPv4Address | IPv6Address | None:
+    try:
+        return ip_address(text)
+    except ValueError:
+        return None
+
+
+def _local(host: str) -> bool:
+    """A loopback or unspecified address: in the guest, only other uids' listeners."""
+    found = _address(host)
+    return found is not None and (found.is_loopback or found.is_unspecified)
 
 
 def _check_ca(pem: str) -> None:
@@ -132,7 +197,7 @@ def _check_ca(pem: str) -> None:
         raise ConfigError("store_ca: not PEM certificates") from None
 
 
-def read_config(device: Path) -> OperatorConfig:
+def read_config(device: Path, *, loopback: bool = False) -> OperatorConfig:
     """The document on ``device``, checked; ``ConfigError`` on anything else."""
     try:
         with open(device, "rb") as disk:
@@ -140,12 +205,12 @@ def read_config(device: Path) -> OperatorConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read {device}: {exc.strerror or exc}") from None
     try:
-        return parse_config(raw)
+        return parse_config(raw, loopback=loopback)
     except ConfigError as exc:
         raise ConfigError(f"{device}: {exc}") from None
 
 
-def parse_config(raw: bytes) -> OperatorConfig:
+def parse_config(raw: bytes, *, loopback: bool = False) -> OperatorConfig:
     """A config disk's bytes, checked as the guest checks them."""
     text = raw.rstrip(b"\0 \t\r\n")
     if len(text) > MAX_CONFIG_BYTES:
@@ -165,7 +230,7 @@ def parse_config(raw: bytes) -> OperatorConfig:
         where = ".".join(str(p) for p in first["loc"]) or "the document"
         raise ConfigError(f"{where}: {first['msg']}") from None
     if config.store is not None:
-        params = check_store_url(config.store)
+        params = check_store_url(config.store, loopback=loopback)
         if config.store_ca is not None and params.get("sslrootcert"):
             raise ConfigError("store: give either sslrootcert=system or store_ca, not both")
     if config.store_ca is not None:
@@ -175,16 +240,22 @@ def parse_config(raw: bytes) -> OperatorConfig:
     return config
 
 
-def store_conninfo(config: OperatorConfig, ca_file: Path | None) -> str:
-    """The connection string the proxy opens: the disk's URL, with ``sslrootcert`` pointing
-    at ``ca_file`` (where the guest wrote ``store_ca``) when there is one."""
-    from psycopg.conninfo import make_conninfo
+def store_conninfo(config: OperatorConfig, ca_file: Path | None, *, loopback: bool = False) -> str:
+    """The URL the proxy opens: the disk's, with ``sslrootcert`` pointing at ``ca_file``
+    (where the guest wrote ``store_ca``) when there is one. Still a ``postgresql://`` URL:
+    that is how every store location names a database (``record.backends``)."""
+    from urllib.parse import quote
 
     if config.store is None:
         raise ConfigError("the config disk names no store")
     if ca_file is None:
         return config.store
-    return make_conninfo(config.store, sslrootcert=str(ca_file))
+    base, hash_, fragment = config.store.partition("#")
+    joiner = "&" if "?" in base else "?"
+    url = f"{base}{joiner}sslrootcert={quote(str(ca_file), safe='/')}{hash_}{fragment}"
+    if check_store_url(url, ca_given=True, loopback=loopback).get("sslrootcert") != str(ca_file):
+        raise ConfigError("store: the URL does not take a CA file (its query is malformed)")
+    return url
 
 
 def find_config_disk(block_dir: Path, dev_dir: Path) -> Path | None:

@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 URL = "postgresql://affidavit:s3cret@db.example.internal:5432/records?sslmode=verify-full"
 
 
-def _pem(tmp_path: Path) -> str:
+def db_ca_pem(tmp_path: Path) -> str:
+    """A self-signed CA certificate, PEM: what an operator gives as `--store-ca`."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -62,7 +63,7 @@ def _doc(**members: object) -> bytes:
 
 
 def test_a_config_disk_reads_back_with_padding_and_its_url_intact(tmp_path: Path) -> None:
-    pem = _pem(tmp_path)
+    pem = db_ca_pem(tmp_path)
     data = config_disk_bytes(OperatorConfig(format="affidavit-config/1", store=URL, store_ca=pem))
     assert len(data) % 4096 == 0  # whole sectors: QEMU serves no partial one
     disk = tmp_path / "config.img"
@@ -81,8 +82,22 @@ def test_a_config_disk_reads_back_with_padding_and_its_url_intact(tmp_path: Path
         (_doc(store=URL + "&sslkey=/var/lib/affidavit/tls/key.pem"), "sets sslkey"),
         (_doc(store=URL + "&service=x"), "sets service"),
         (_doc(store=URL + "&options=-c%20synchronous_commit%3Doff"), "sets options"),
-        (_doc(store="postgresql://u@%2Fvar%2Frun%2Fpostgresql/db"), "not a host name"),
+        (_doc(store="postgresql://u@%2Fvar%2Frun%2Fpostgresql/db"), "not the name or address"),
         (_doc(store="postgresql:///records"), "names no host"),
+        (_doc(store="postgresql:///db?hostaddr=10.0.0.5,"), "hostaddr '' is not"),
+        (_doc(store="postgresql:///db?hostaddr=,10.0.0.5"), "hostaddr '' is not"),
+        (_doc(store="postgresql://127.0.0.1/db"), "not the name or address of another"),
+        (_doc(store="postgresql://localhost/db"), "not the name or address of another"),
+        (_doc(store="postgresql:///db?hostaddr=::1"), "hostaddr '::1' is not"),
+        (_doc(store="postgresql://a,b/db?hostaddr=10.0.0.5"), "different numbers of servers"),
+        (_doc(store="postgresql://affidavit:Pa55/w0rd@db.example:5432/records"), "the port is"),
+        (_doc(store="postgresql://affidavit:P@55w0rd@db.example/records"), "percent-encoded"),
+        (_doc(store="postgresql://u:s3cret@db.example/records@x"), "database name holds @"),
+        (_doc(store=URL + "&connect_timeout=abc"), "connect_timeout is not"),
+        (_doc(store=URL.replace("verify-full", "require") + "&sslrootcert=system"), "needs sslm"),
+        (_doc(store=URL + "&target_session_attrs=bogus"), "target_session_attrs=bogus"),
+        (_doc(store="postgresql://u:%FFs3cret@db.example/records"), "libpq cannot read"),
+        (_doc(store="postgresql://u:s3cret@db.example/records\u0000?passfile=/x"), "control char"),
         (_doc(store="postgresql://db.example.internal"), "names no database"),
         (_doc(store=URL + "&sslrootcert=/etc/ssl/x.pem"), "sslrootcert may only be `system`"),
         (_doc(store=URL.replace("verify-full", "paranoid")), "sslmode=paranoid"),
@@ -116,6 +131,20 @@ def _sysfs(tmp_path: Path, disks: dict[str, str | None]) -> tuple[Path, Path]:
     return block, dev
 
 
+def test_urls_an_operator_writes_are_taken() -> None:
+    for url in (
+        URL,
+        "postgresql://affidavit:P%40ss%2Fword@db.example:5432/records",
+        "postgresql://svc%40tenant:s3cret@[2001:db8::5]:6432/records?sslrootcert=system",
+        "postgres://u@a.example:5432,b.example:5433/records?target_session_attrs=read-write",
+        "postgres://u@a.example,b.example:5433/records",
+        "postgresql:///records?hostaddr=10.0.0.5&port=5432&connect_timeout=10",
+    ):
+        assert parse_config(_doc(store=url)).store == url
+    # the tests' own server is on loopback: only the layout's test knob takes it
+    parse_config(_doc(store="postgresql://u@127.0.0.1:5432/db"), loopback=True)
+
+
 def test_the_config_disk_is_the_one_with_the_serial(tmp_path: Path) -> None:
     block, dev = _sysfs(tmp_path, {"vda": "", "vde": None, "vdf": SERIAL, "loop0": None})
     assert find_config_disk(block, dev) == dev / "vdf"
@@ -144,7 +173,7 @@ def test_boot_hands_the_store_to_the_proxy_alone_and_the_harness_a_control_locat
     from enclave_image.build import model_tree
 
     model_tree(tmp_path / "model", test_model="tiny")
-    pem = _pem(tmp_path)
+    pem = db_ca_pem(tmp_path)
     block, dev = _sysfs(tmp_path, {"vde": None, "vdf": SERIAL})
     (dev / "vdf").write_bytes(
         config_disk_bytes(OperatorConfig(format="affidavit-config/1", store=URL, store_ca=pem))
@@ -158,7 +187,11 @@ def test_boot_hands_the_store_to_the_proxy_alone_and_the_harness_a_control_locat
     ]
     from psycopg.conninfo import conninfo_to_dict
 
-    params = conninfo_to_dict(layout.store_file.read_text())
+    from record.backends import is_url
+
+    conninfo = layout.store_file.read_text()
+    assert is_url(conninfo)  # a URL, as every store location names a database
+    params = conninfo_to_dict(conninfo)
     assert params["password"] == "s3cret" and params["sslmode"] == "verify-full"
     assert Path(str(params["sslrootcert"])).read_text() == pem
     for private in (layout.store_file, layout.store_ca_file):
@@ -208,7 +241,7 @@ def test_config_disk_command_as_the_deploy_guide_runs_it(tmp_path: Path) -> None
     export = next(x for x in guide.splitlines() if x.startswith("export AFFIDAVIT_STORE_URL="))
     url = export.split("=", 1)[1].strip("'")
     assert "affidavit image config-disk config.img --store-ca db-ca.pem" in guide
-    (tmp_path / "db-ca.pem").write_text(_pem(tmp_path))
+    (tmp_path / "db-ca.pem").write_text(db_ca_pem(tmp_path))
     done = _cli(
         "image", "config-disk", "config.img", "--store-ca", "db-ca.pem",
         env={"AFFIDAVIT_STORE_URL": url}, cwd=tmp_path,

@@ -26,6 +26,7 @@ from enclave_image.appliance import BootOptions, GuestLayout, run_appliance
 from enclave_image.appliance_config import SERIAL, OperatorConfig, config_disk_bytes
 from tests.attestation.kds_double import stand_in_kds
 from tests.enclave_image.test_appliance import _free_ports
+from tests.enclave_image.test_appliance_config import db_ca_pem
 from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,9 +57,10 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
     (block / "vdf").mkdir(parents=True)
     (block / "vdf" / "serial").write_text(SERIAL + "\n")
     dev.mkdir()
-    (dev / "vdf").write_bytes(
-        config_disk_bytes(OperatorConfig(format="affidavit-config/1", store=url))
-    )
+    # with a CA for the server, as docs/deploy.md writes it (the tests' server speaks no TLS,
+    # so libpq's default sslmode=prefer goes on without it; the CA file must not stop it)
+    config = OperatorConfig(format="affidavit-config/1", store=url, store_ca=db_ca_pem(tmp_path))
+    (dev / "vdf").write_bytes(config_disk_bytes(config))
     engine, proxy, harness, tls = _free_ports(4)
     (tmp_path / "state").mkdir()
     with stand_in_kds() as kds:
@@ -69,6 +71,7 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
             model_dir=tmp_path / "model",
             block_dir=block,
             dev_dir=dev,
+            store_on_loopback=True,  # the tests' private PostgreSQL listens on 127.0.0.1
             python=sys.executable,
             engine_port=engine,
             proxy_port=proxy,
