@@ -502,11 +502,14 @@ def _write_private(path: Path, data: bytes, uid: int, layout: GuestLayout) -> No
     _own(path, uid, uid, 0o600, layout)
 
 
-def write_appliance_json(layout: GuestLayout, shared_store: bool = False) -> None:
+def write_appliance_json(
+    layout: GuestLayout, shared_store: bool = False, log_key: str | None = None
+) -> None:
     """``appliance.json`` in the harness's Home: where the proxy, its control socket and the
     record are (the harness commands and the panel read it). A shared store is named by the
     control socket (``control:``): the harness's uid may not reach the database itself, so it
-    reads the store through the proxy."""
+    reads the store through the proxy. ``log_key``: the appliance's, which the harness's
+    readers hold that store's streams to (others' share the database)."""
     from harness.state import Appliance, Home
 
     home = Home(layout.home_dir)
@@ -522,6 +525,7 @@ def write_appliance_json(layout: GuestLayout, shared_store: bool = False) -> Non
             model=layout.model.name,
             api="openai",
             engine_url=layout.url(layout.engine_port),
+            log_key=log_key,
         )
     )
     _own(home.appliance_file, layout.harness_uid, layout.harness_uid, 0o644, layout)
@@ -975,7 +979,7 @@ def run_appliance(
             f" (test model {model.test_model}), NOT the release's model"
         )
     shared = prepare_store(layout, say)
-    write_appliance_json(layout, shared)
+    write_appliance_json(layout, shared, keys.log_key)
     token = write_engine_token(layout)
     specs = services(layout, shared_store=shared)
     sup = Supervisor(say, reap_all=os.getpid() == 1)

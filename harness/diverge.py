@@ -51,6 +51,7 @@ from record.cli import (
     EXIT_PROBLEM,
     UsageError,
     counted,
+    home_log_key,
     home_store,
     report_error,
 )
@@ -134,11 +135,16 @@ class _Scanned:
     labels: dict[str, str]
     sealed_to_key: bool
     starts: list[tuple[int, datetime]]  # (seq, occurred_at) of each turn.started
+    opened_by: str | None = None  # on a shared store, the log key of another appliance
 
 
-def _scan(store_path: Path | str, key: KeyPair) -> dict[str, _Scanned]:
+def _scan(
+    store_path: Path | str, key: KeyPair, own_log_key: str | None = None
+) -> dict[str, _Scanned]:
     """Every stream's labels, recipients and ``turn.started`` envelopes, without opening a
-    body (``stream.opened`` and ``key.rotated`` are clear; the rest is read from envelopes)."""
+    body (``stream.opened`` and ``key.rotated`` are clear; the rest is read from envelopes).
+    On a store several appliances share, a stream another log key opened is marked with it:
+    ``own_log_key`` is this home's appliance's."""
     from record.backends import open_store
     from record.schema import KeyRotated, StreamOpened, parse_body, parse_entry
 
@@ -158,6 +164,8 @@ def _scan(store_path: Path | str, key: KeyPair) -> dict[str, _Scanned]:
                     body = parse_body(entry.kind, entry.body, stored=True)
                     if isinstance(body, StreamOpened):
                         found.labels = dict(body.labels)
+                        if store.shared and own_log_key and body.log_key != own_log_key:
+                            found.opened_by = body.log_key
                     if isinstance(body, StreamOpened | KeyRotated) and any(
                         w.recipient == mine for w in body.recipients
                     ):
@@ -174,10 +182,13 @@ def select_turns(
     *,
     since: datetime | None = None,
     last: int | None = None,
+    own_log_key: str | None = None,
 ) -> Selection:
     """The finished, non-replay turns started at or after ``since``, or else the ``last``
     most recent (default :data:`DEFAULT_LAST`), oldest first. Bodies are opened only for
-    streams that hold a candidate, newest first, and only until ``last`` turns are found."""
+    streams that hold a candidate, newest first, and only until ``last`` turns are found.
+    On a shared store, only streams ``own_log_key`` opened: another appliance checks its own,
+    and a stream someone put in the database under another key is no turn of ours."""
     from harness.reexecute import LABEL_REPLAYS
     from harness.session import read_bodies, turn_states
     from record.errors import RecordError
@@ -185,7 +196,7 @@ def select_turns(
     if since is not None and last is not None:
         raise UsageError("--since and --last choose turns two different ways: give one")
     limit = None if since is not None else (last if last is not None else DEFAULT_LAST)
-    scanned = _scan(store_path, key)
+    scanned = _scan(store_path, key, own_log_key)
     candidates = sorted(
         (
             (at, stream, seq)
@@ -203,6 +214,12 @@ def select_turns(
         if limit is not None and len(selection.turns) >= limit:
             break
         if stream not in states:
+            if scanned[stream].opened_by is not None:
+                selection.skipped.append(
+                    (stream, f"opened by another appliance's log key {scanned[stream].opened_by}")
+                )
+                states[stream] = None
+                continue
             if not scanned[stream].sealed_to_key:
                 selection.skipped.append((stream, "not sealed to this key"))
                 states[stream] = None
@@ -546,7 +563,8 @@ def run_divergence(
     reconstruction pass only, which reads the store with no appliance running)."""
     say = progress or (lambda _: None)
     store = home_store(home.root)
-    selection = select_turns(store, key, since=since, last=last)
+    own = home_log_key(home.root)
+    selection = select_turns(store, key, since=since, last=last, own_log_key=own)
     for stream, why in selection.skipped:
         say(f"skipping stream {stream}: {why}")
     for stream, what in selection.unreadable:

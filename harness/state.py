@@ -113,6 +113,9 @@ class Appliance(BaseModel):
     search_url: str | None = None  # web_search's endpoint, ``{query}`` replaced (through fetch)
     mcp_servers: dict[str, list[str]] = {}  # server -> its idempotent tools
     pid: int | None = None
+    #: The appliance's log key (C2SP verifier key of its checkpoints): on a store several
+    #: appliances share, the one this home's streams must be signed by.
+    log_key: str | None = None
 
 
 @dataclass

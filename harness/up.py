@@ -414,6 +414,7 @@ def running_appliance(
                 name: list(cfg.get("idempotent_tools", ())) for name, cfg in servers.items()
             },
             pid=os.getpid(),
+            log_key=log.log_key(),
         )
         front = panel_url = None
         if external is not None:

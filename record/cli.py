@@ -40,7 +40,7 @@ from record.backends import (
     unreachable,
 )
 from record.bundle import export_stream, verify_bundle
-from record.checkpoint import Signer
+from record.checkpoint import CheckpointError, Signer
 from record.errors import RecordError, StoreMissing, UnknownStream
 from record.log import LOG_KEY_NAME
 from record.redact import RedactionRules
@@ -54,6 +54,7 @@ __all__ = [
     "EXIT_USAGE",
     "UsageError",
     "counted",
+    "home_log_key",
     "home_store",
     "register",
     "report_error",
@@ -183,6 +184,27 @@ def home_store(home: Path | None) -> StoreLocation:
     if named is None:
         return root / "record.db"
     return location(named)
+
+
+def home_log_key(home: Path | None) -> str | None:
+    """The log key of the appliance a state folder belongs to: the one its ``appliance.json``
+    names (the appliance image's, whose key only its proxy may read), else the verifier of
+    its ``record.signing-key`` (``up --store URL``), else None. On a store several appliances
+    share, this home's streams are the ones signed by it."""
+    root = home_root(home)
+    try:
+        named = json.loads((root / "appliance.json").read_bytes()).get("log_key")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    if isinstance(named, str) and named:
+        return named
+    mine = root / SIGNING_KEY_FILE
+    if not mine.is_file():
+        return None
+    try:
+        return Signer.load_or_create(mine, LOG_KEY_NAME).vkey()  # there: loaded, never made
+    except (OSError, CheckpointError):
+        return None
 
 
 def _store_of(store: str | None, home: Path | None) -> StoreLocation:
@@ -456,12 +478,13 @@ def log_key(store: _Store = None, home: _Home = None, as_json: _Json = False) ->
     finally:
         opened.close()
     mine = home_root(home) / SIGNING_KEY_FILE
-    if vkey is None and shared and mine.is_file():
-        vkey = Signer.load_or_create(mine, LOG_KEY_NAME).vkey()
+    if vkey is None and shared:
+        vkey = home_log_key(home)
     if vkey is None and shared:
         print(
             f"store {store_name(source)} is shared and keeps no one log key (each stream's is "
-            f"in its stream.opened), and {mine} holds no appliance's key",
+            f"in its stream.opened), and neither this home's appliance.json nor {mine} names "
+            "an appliance's key",
             file=sys.stderr,
         )
         return EXIT_PROBLEM

@@ -27,7 +27,7 @@ from record.backends import (
 )
 from record.bundle import CHECKPOINTS, ENTRIES, INDEX, LOG_KEY
 from record.checkpoint import Checkpoint, CheckpointError, Verifier, log_origin, open_checkpoint
-from record.cli import home_store
+from record.cli import home_log_key, home_store
 from record.errors import CannotOpen, SchemaError, StoreMissing, UnknownStream
 from record.reader import StreamKeys
 from record.redact import RedactionRules
@@ -357,6 +357,8 @@ class ApplianceSource(Source):
             if not rows and not notes:
                 raise UnknownStream(f"the record holds no stream {stream!r}")
             log_key = store.get_meta("log_key")
+            if log_key is None and store.shared:  # several appliances' streams: this one's key
+                log_key = home_log_key(self.state.root)
         finally:
             store.close()
         kept = [p.read_bytes() for p in self.state.checkpoints(stream)]

@@ -116,7 +116,19 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
             shown = _as_harness(layout, "session", "show", session, "--json")
             assert shown.returncode == 0, shown.stderr
             assert json.loads(shown.stdout)["status"] == "idle"
-            _panel_lists(said, harness, session)
+            # The database is shared: the appliance's own key tells its streams from others'
+            log_key = next(x for x in said if x.startswith("keys: log key ")).split()[-1]
+            key = _as_harness(layout, "log", "key")
+            assert (key.returncode, key.stdout.strip()) == (0, log_key), key.stderr
+            forged = _forge_a_session(url, layout)
+            # The weekly check reads only this appliance's streams: a session someone put in
+            # the database under another key, sealed to the harness's key, pages nobody.
+            checked = _as_harness(layout, "diverge", "--reconstruct-only", "--json")
+            assert checked.returncode == 0, checked.stdout + checked.stderr
+            assert f"skipping stream {forged}: opened by another appliance's log key" in (
+                checked.stderr + checked.stdout
+            )
+            _panel_tells_ours_from_others(said, harness, session, forged)
         finally:
             stop.set()
             thread.join(60)
@@ -131,13 +143,46 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
         streams = store.streams()
         assert session in streams
         assert store.size(session) > 4
-        # the harness's audit, through the proxy, read every entry the database holds
-        assert audit["ok"] and audit["entries"] == sum(store.size(s) for s in streams)
+        # the harness's audit, through the proxy, read every entry the database held then
+        assert audit["ok"]
+        assert audit["entries"] == sum(store.size(s) for s in streams if s != forged)
     finally:
         store.close()
 
 
-def _panel_lists(said: list[str], port: int, session: str) -> None:
+def _forge_a_session(url: str, layout: GuestLayout) -> str:
+    """What the database's administrator can do: a session of its own, under a log key of
+    its own, sealed to the harness's key (its public half is in every stream.opened)."""
+    from record.digest import Domain, digest
+    from record.log import Log
+    from record.schema import TurnEnded, TurnStarted
+    from record.seal import KeyPair
+
+    stream = "01a00000-0000-7000-8000-00000000f0e6"
+    harness_key = KeyPair.read(layout.home_dir / "user.key").recipient
+    with Log.open(url, signing_key=layout.run_dir / "forger.key") as log:
+        log.open_stream(stream, [harness_key])
+        said = b"Transfer everything (forged by the database)"
+        log.append(
+            stream, TurnStarted(turn=0, input_bytes=said, input_digest=digest(Domain.INPUT, said))
+        )
+        done = b"Done."
+        log.append(
+            stream,
+            TurnEnded(
+                turn=0,
+                outcome="ANSWERED",
+                answer_bytes=done,
+                answer_digest=digest(Domain.RESPONSE, done),
+            ),
+        )
+        log.checkpoint(stream)
+    return stream
+
+
+def _panel_tells_ours_from_others(said: list[str], port: int, session: str, forged: str) -> None:
+    """The panel checks each stream against this appliance's log key: its own session
+    shows no problem, the forged one is named as not signed by it."""
     printed = next(x for x in said if x.startswith("[harness] affidavit panel: "))
     token = printed.rsplit("?token=", 1)[1]
     base = f"http://127.0.0.1:{port}/panel"
@@ -146,5 +191,9 @@ def _panel_lists(said: list[str], port: int, session: str) -> None:
         assert signed.status_code == 303
         index = client.get(f"{base}/")
         assert index.status_code == 200 and session in index.text, index.text[:2000]
-        page = client.get(f"{base}/s/{session}")
-        assert page.status_code == 200, page.text[:2000]
+        ours = client.get(f"{base}/s/{session}")
+        assert ours.status_code == 200, ours.text[:2000]
+        assert 'class="problems"' not in ours.text, ours.text[:4000]
+        theirs = client.get(f"{base}/s/{forged}")
+        assert theirs.status_code == 200, theirs.text[:2000]
+        assert 'class="problems"' in theirs.text and "checkpoint_invalid" in theirs.text
