@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from concurrent import futures
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -64,6 +65,8 @@ SERVICE = "affidavit.control.v1.Control"
 CHUNK = 1 << 20  # the most line bytes one EntryChunk carries
 MAX_MESSAGE = 64 << 20  # a request (an AppendEvent body) may be this big
 POLL = 0.05  # seconds between looks at a followed stream
+WRITERS_KEPT = 3  # worker threads streamed reads never take: a turn's writes still run
+EVIDENCE_WAIT_S = 30.0  # how long an evidence read waits for the one before it
 NAMES = 1024  # stream names per ListStreams message
 
 #: A store-wide value's key (the record's is ``log_key``): a short plain name.
@@ -173,18 +176,40 @@ def _lease(lease: Lease) -> pb.Lease:
 
 
 class ControlServicer:
-    """The handlers, each a plain method over the registry and its log."""
+    """The handlers, each a plain method over the registry and its log.
+
+    ``readers``: how many streamed reads (entries, streams, checkpoints, evidence) may run at
+    once. Each holds a worker thread while its client reads, so the rest of the pool stays
+    for the writes a turn cannot do without (``AppendEvent``, ``OpenSession``); a read past
+    the cap is refused at once (``RESOURCE_EXHAUSTED``), which ``ControlStore`` retries. One
+    stream's evidence is read whole from the store, so only one such read runs at a time."""
 
     def __init__(
         self,
         registry: SessionRegistry,
         collateral: FetchCollateral | None = None,
         tee_status: Path | None = None,
+        readers: int = 5,
     ) -> None:
         self.registry = registry
         self.log = registry.log
         self.collateral = collateral
         self.tee_status = tee_status
+        self.readers = threading.BoundedSemaphore(readers)
+        self.evidence_reader = threading.Lock()
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """A streamed read's turn: refused at once past ``readers``."""
+        if not self.readers.acquire(blocking=False):
+            raise _Abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too many store reads at once on the control plane; try again",
+            )
+        try:
+            yield
+        finally:
+            self.readers.release()
 
     def _may_pin(self, pins: Mapping[str, JsonValue] | None) -> None:
         """Refuse pins (``FAILED_PRECONDITION``) on an appliance whose check of its own
@@ -400,11 +425,21 @@ class ControlServicer:
 
     def stream_evidence(self, request: pb.StreamEvidenceRequest) -> Iterator[pb.EvidenceChunk]:
         store, stream = self.log.store, _stream(request.stream)
-        for name, data in _read("evidence", lambda: store.evidence(stream)):
-            for offset in range(0, max(len(data), 1), CHUNK):
-                yield pb.EvidenceChunk(
-                    name=name, size=len(data), offset=offset, data=data[offset : offset + CHUNK]
-                )
+        if not self.evidence_reader.acquire(timeout=EVIDENCE_WAIT_S):
+            raise _Abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "another stream's evidence is being read; try again",
+            )
+        try:  # held until sent: one stream's evidence in the proxy's memory at a time
+            files = _read("evidence", lambda: store.evidence(stream))
+            while files:  # each file let go once sent
+                name, data = files.pop(0)
+                for offset in range(0, max(len(data), 1), CHUNK):
+                    yield pb.EvidenceChunk(
+                        name=name, size=len(data), offset=offset, data=data[offset : offset + CHUNK]
+                    )
+        finally:
+            self.evidence_reader.release()
 
     def get_meta(self, request: pb.GetMetaRequest) -> pb.GetMetaResponse:
         if not META_KEY.fullmatch(request.key):
@@ -433,11 +468,12 @@ def _unary(
 
 
 def _streaming(
-    call: Callable[[Req], Iterator[Resp]], request_type: type[Req]
+    servicer: ControlServicer, call: Callable[[Req], Iterator[Resp]], request_type: type[Req]
 ) -> grpc.RpcMethodHandler[Req, Resp]:
     def behaviour(request: Req, context: grpc.ServicerContext) -> Iterator[Resp]:
         try:
-            yield from call(request)
+            with servicer.reading():
+                yield from call(request)
         except _Abort as exc:
             context.abort(exc.code, exc.details)
 
@@ -453,7 +489,8 @@ def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
         request: pb.StreamEntriesRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.EntryChunk]:
         try:
-            yield from servicer.stream_entries(request, context.is_active)
+            with servicer.reading():
+                yield from servicer.stream_entries(request, context.is_active)
         except _Abort as exc:
             context.abort(exc.code, exc.details)
 
@@ -471,10 +508,12 @@ def _handler(servicer: ControlServicer) -> grpc.GenericRpcHandler:
             response_serializer=lambda message: message.SerializeToString(),
         ),
         "StoreInfo": _unary(servicer.store_info, pb.StoreInfoRequest),
-        "ListStreams": _streaming(servicer.list_streams, pb.ListStreamsRequest),
+        "ListStreams": _streaming(servicer, servicer.list_streams, pb.ListStreamsRequest),
         "StreamState": _unary(servicer.stream_state, pb.StreamStateRequest),
-        "StreamCheckpoints": _streaming(servicer.stream_checkpoints, pb.StreamCheckpointsRequest),
-        "StreamEvidence": _streaming(servicer.stream_evidence, pb.StreamEvidenceRequest),
+        "StreamCheckpoints": _streaming(
+            servicer, servicer.stream_checkpoints, pb.StreamCheckpointsRequest
+        ),
+        "StreamEvidence": _streaming(servicer, servicer.stream_evidence, pb.StreamEvidenceRequest),
         "GetMeta": _unary(servicer.get_meta, pb.GetMetaRequest),
     }
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
@@ -493,7 +532,9 @@ class ControlPlane:
         tee_status: Path | None = None,
     ) -> None:
         self.path = Path(path)
-        self.servicer = ControlServicer(registry, collateral, tee_status)
+        self.servicer = ControlServicer(
+            registry, collateral, tee_status, readers=max(1, workers - WRITERS_KEPT)
+        )
         self._server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=workers), options=_OPTIONS
         )

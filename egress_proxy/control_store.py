@@ -23,6 +23,7 @@ traceback.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, TypeVar
@@ -55,6 +56,8 @@ SCHEME = "control:"
 OPEN_TIMEOUT_S = 10.0
 #: How long one unary read waits.
 CALL_TIMEOUT_S = 60.0
+#: The pauses before each retry of a read the proxy refused as one too many at once.
+BUSY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 _T = TypeVar("_T")
 
@@ -128,13 +131,22 @@ class ControlStore(LogStore):
             return missing(f"store {self.name}: {said}")
         return RecordError(f"store {self.name} ({self.label}): {said}")
 
+    def _busy(self, exc: BaseException) -> bool:
+        """Whether the proxy refused a read because too many run at once (try again)."""
+        grpc = self._grpc
+        return isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
     def _call(
         self, call: Callable[[], _T], missing: type[RecordError] | None = UnknownStream
     ) -> _T:
-        try:
-            return call()
-        except self._grpc.RpcError as exc:
-            raise self._error(exc, missing) from None
+        for pause in (*BUSY_PAUSES_S, None):
+            try:
+                return call()
+            except self._grpc.RpcError as exc:
+                if pause is None or not self._busy(exc):
+                    raise self._error(exc, missing) from None
+            time.sleep(pause)
+        raise AssertionError("unreachable")
 
     def _refuse(self) -> NoReturn:
         raise PermissionError(
@@ -173,16 +185,23 @@ class ControlStore(LogStore):
         start = max(start, 0)  # as a query's ``seq >= start`` reads it
         if stop is not None and stop <= start:
             return
-        lines = self._client.entries(stream, start, stop=stop)
-        try:
-            for seq, line in lines:
-                yield StoredEntry(stream, seq, line, hash_leaf(line))
-        except self._grpc.RpcError as exc:
-            if isinstance(exc, self._grpc.Call) and exc.code() == self._grpc.StatusCode.NOT_FOUND:
-                return  # a stream with no entries: none, as every store reads it
-            raise self._error(exc, UnknownStream) from None
-        finally:
-            lines.close()
+        for pause in (*BUSY_PAUSES_S, None):
+            lines = self._client.entries(stream, start, stop=stop)
+            sent = False
+            try:
+                for seq, line in lines:
+                    sent = True
+                    yield StoredEntry(stream, seq, line, hash_leaf(line))
+                return
+            except self._grpc.RpcError as exc:
+                grpc = self._grpc
+                if isinstance(exc, grpc.Call) and exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return  # a stream with no entries: none, as every store reads it
+                if sent or pause is None or not self._busy(exc):
+                    raise self._error(exc, UnknownStream) from None
+            finally:
+                lines.close()
+            time.sleep(pause)
 
     def streams(self) -> list[str]:
         return self._call(lambda: self._client.list_streams(timeout=CALL_TIMEOUT_S), None)

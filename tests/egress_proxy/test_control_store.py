@@ -378,3 +378,38 @@ def test_a_writer_on_a_control_location_is_refused_before_it_makes_a_key(tmp_pat
     with pytest.raises(BadStoreLocation, match="only the proxy writes it"):
         Log.open(f"{SCHEME}{tmp_path / 'control.sock'}", signing_key=key)
     assert not key.exists()
+
+
+def test_readers_never_take_the_workers_a_turn_writes_with(proxied: Proxied) -> None:
+    """Streamed reads (here five followers, which never end by themselves) hold at most the
+    readers' share of the control plane's threads: one more is refused at once, a turn's
+    writes still go through, and ``ControlStore`` retries a refused read until one is free."""
+    import threading
+
+    from egress_proxy.control import WRITERS_KEPT
+
+    readers = 8 - WRITERS_KEPT  # the proxy's control plane runs 8 workers
+    clients = [ControlClient(proxied.socket) for _ in range(readers + 1)]
+    followers = [c.entries(proxied.streams[1], follow=True) for c in clients[:readers]]
+    try:
+        for follower in followers:
+            assert next(follower)[0] == 0  # each holds a worker now
+        one_more = clients[-1].entries(proxied.streams[1])
+        with pytest.raises(grpc.RpcError) as refused:
+            next(one_more)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "too many store reads at once" in refused.value.details()
+        with ControlClient(proxied.socket) as writer:  # a turn's writes are not starved
+            opened = writer.open_session([KeyPair.read(proxied.user_key).recipient], {})
+            writer.append_event(opened.session_id, "turn.started", _started(0, b"still"))
+        store = ControlStore(proxied.socket)
+        try:
+            threading.Timer(0.3, followers[0].close).start()  # a worker comes free
+            assert opened.session_id in store.streams()  # retried until it did
+        finally:
+            store.close()
+    finally:
+        for follower in followers:
+            follower.close()
+        for client in clients:
+            client.close()
