@@ -65,6 +65,7 @@ SERVICE = "affidavit.control.v1.Control"
 CHUNK = 1 << 20  # the most line bytes one EntryChunk carries
 MAX_MESSAGE = 64 << 20  # a request (an AppendEvent body) may be this big
 POLL = 0.05  # seconds between looks at a followed stream
+MAX_SEQ = (1 << 63) - 1  # a seq past every store's (a signed 64-bit column)
 WRITERS_KEPT = 3  # worker threads streamed reads never take: a turn's writes still run
 EVIDENCE_WAIT_S = 30.0  # how long an evidence read waits for the one before it
 NAMES = 1024  # stream names per ListStreams message
@@ -374,8 +375,8 @@ class ControlServicer:
         stream = _stream(request.stream)
         if not _read("size", lambda: store.size(stream)):
             raise _Abort(grpc.StatusCode.NOT_FOUND, f"no stream {stream!r}")
-        seq = request.from_seq
-        stop = request.stop_seq if request.HasField("stop_seq") else None
+        seq = min(request.from_seq, MAX_SEQ)  # past any seq a store holds: reads as none
+        stop = min(request.stop_seq, MAX_SEQ) if request.HasField("stop_seq") else None
         while active():
             sent = False
             for entry in _each("entries", store.entries(stream, seq, stop)):
@@ -681,9 +682,11 @@ class ControlClient:
     ) -> Generator[tuple[int, bytes], None, None]:
         """``(seq, line)`` of each stored line from ``from_seq`` up to (not incl.) ``stop``,
         reassembled; closing the iterator cancels."""
-        request = pb.StreamEntriesRequest(stream=stream, from_seq=from_seq, follow=follow)
+        request = pb.StreamEntriesRequest(
+            stream=stream, from_seq=min(from_seq, MAX_SEQ), follow=follow
+        )
         if stop is not None:
-            request.stop_seq = stop
+            request.stop_seq = min(stop, MAX_SEQ)
         parts: list[bytes] = []
         for chunk in self._stream("StreamEntries", request, pb.EntryChunk, timeout):
             if chunk.offset != sum(map(len, parts)):
@@ -692,6 +695,8 @@ class ControlClient:
             if chunk.offset + len(chunk.data) == chunk.size:
                 yield chunk.seq, b"".join(parts)
                 parts = []
+        if parts:
+            raise RuntimeError(f"entry {chunk.seq}: the stream ended inside it")
 
     def store_info(self, *, timeout: float = 30.0) -> pb.StoreInfoResponse:
         """Whether the proxy's store is shared, and its name (no password)."""

@@ -72,7 +72,7 @@ def socket_of(location: str) -> Path:
     if not location.startswith(SCHEME):
         raise BadStoreLocation(f"{location!r} is not a {SCHEME} store location")
     path = location.removeprefix(SCHEME)
-    if not path.startswith("/"):
+    if not path.startswith("/") or path.startswith("//"):  # ``control://…``: a URL's habit
         raise BadStoreLocation(
             f"a {SCHEME} store names the proxy's control socket by its absolute path "
             f"({SCHEME}/path/to/control.sock), not {path!r}"
@@ -199,6 +199,8 @@ class ControlStore(LogStore):
                     return  # a stream with no entries: none, as every store reads it
                 if sent or pause is None or not self._busy(exc):
                     raise self._error(exc, UnknownStream) from None
+            except RuntimeError as exc:  # the client's reassembly: a line arrived cut
+                raise RecordError(f"store {self.name}: {exc}") from None
             finally:
                 lines.close()
             time.sleep(pause)

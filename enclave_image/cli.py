@@ -707,10 +707,14 @@ def config_disk(
         raise typer.Exit(2) from None
     import os
 
-    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as disk:
-        disk.write(data)
-    os.chmod(out, 0o600)
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as disk:
+            os.fchmod(disk.fileno(), 0o600)  # an existing file: private before a byte is in it
+            disk.write(data)
+    except OSError as exc:
+        print(f"affidavit: cannot write {out}: {exc.strerror or exc}", file=sys.stderr, flush=True)
+        raise typer.Exit(2) from None
     if as_json:
         print(json.dumps({"disk": str(out), "bytes": len(data), "serial": SERIAL}))
     else:

@@ -350,6 +350,16 @@ def test_a_control_location_is_text_and_needs_an_absolute_socket(tmp_path: Path)
     assert store_name("control:/run/x.sock") == store_label("control:/run/x.sock")
     with pytest.raises(BadStoreLocation, match="absolute path"):
         open_store("control:run/x.sock", readonly=True)
+    with pytest.raises(BadStoreLocation, match="absolute path"):  # a URL's habit, not a path
+        open_store("control://run/x.sock", readonly=True)
+
+
+def test_a_seq_past_every_store_reads_as_none_not_as_a_store_failure(
+    control: ControlStore, proxied: Proxied
+) -> None:
+    stream = proxied.streams[1]
+    assert list(control.entries(stream, 1 << 64)) == []
+    assert len(list(control.entries(stream, 0, 1 << 64))) == control.size(stream)
 
 
 def test_an_unregistered_control_scheme_says_what_to_load() -> None:

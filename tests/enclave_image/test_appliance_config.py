@@ -267,6 +267,13 @@ def test_config_disk_command_as_the_deploy_guide_runs_it(tmp_path: Path) -> None
     assert "store: the URL sets passfile" in bad.stderr
     assert "PASSWORD" not in bad.stderr
     assert not (tmp_path / "bad.img").exists()
+    # an existing file is made private before the password is in it; a folder is refused
+    (tmp_path / "old.img").write_text("x")
+    (tmp_path / "old.img").chmod(0o644)
+    over = _cli("image", "config-disk", "old.img", env={"AFFIDAVIT_STORE_URL": url}, cwd=tmp_path)
+    assert over.returncode == 0 and (tmp_path / "old.img").stat().st_mode & 0o777 == 0o600
+    folder = _cli("image", "config-disk", ".", env={"AFFIDAVIT_STORE_URL": url}, cwd=tmp_path)
+    assert folder.returncode == 2 and folder.stderr.startswith("affidavit: cannot write .: ")
 
 
 def test_the_proxy_says_in_one_line_when_its_store_does_not_answer(tmp_path: Path) -> None:
