@@ -166,6 +166,7 @@ def _scan(
                         found.labels = dict(body.labels)
                         if store.shared and own_log_key and body.log_key != own_log_key:
                             found.opened_by = body.log_key
+                            break  # another appliance's: its turns are not read at all
                     if isinstance(body, StreamOpened | KeyRotated) and any(
                         w.recipient == mine for w in body.recipients
                     ):
