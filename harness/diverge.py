@@ -202,7 +202,7 @@ def select_turns(
         (
             (at, stream, seq)
             for stream, info in scanned.items()
-            if LABEL_REPLAYS not in info.labels
+            if LABEL_REPLAYS not in info.labels and info.opened_by is None
             for seq, at in info.starts
             if since is None or at >= since
         ),
@@ -210,17 +210,16 @@ def select_turns(
         reverse=True,
     )
     selection = Selection()
+    for stream, info in scanned.items():
+        if info.opened_by is not None:  # named, though none of its turns were even read
+            selection.skipped.append(
+                (stream, f"opened by another appliance's log key {info.opened_by}")
+            )
     states: dict[str, dict[int, Any] | None] = {}
     for at, stream, seq in candidates:
         if limit is not None and len(selection.turns) >= limit:
             break
         if stream not in states:
-            if scanned[stream].opened_by is not None:
-                selection.skipped.append(
-                    (stream, f"opened by another appliance's log key {scanned[stream].opened_by}")
-                )
-                states[stream] = None
-                continue
             if not scanned[stream].sealed_to_key:
                 selection.skipped.append((stream, "not sealed to this key"))
                 states[stream] = None
