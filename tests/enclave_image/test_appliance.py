@@ -18,10 +18,8 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -38,11 +36,11 @@ from enclave_image.appliance import (
     Refused,
     main,
     parse_cmdline,
-    run_appliance,
 )
 from enclave_image.appliance_disk import DiskError, StateDisk
 from enclave_image.appliance_supervise import Service, Supervisor, WeeklyTimer
 from tests.attestation.kds_double import StandInKds, stand_in_kds
+from tests.enclave_image.host_guest import boot, host_layout
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -329,16 +327,6 @@ def test_only_the_proxy_uid_leaves_the_machine(netns: tuple[str, str]) -> None:
 # -- the whole appliance on loopback ------------------------------------------------------------
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture
 def kds() -> Iterator[StandInKds]:
     with stand_in_kds() as stand_in:
@@ -371,43 +359,16 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
     from record.sqlite_store import SQLiteStore
 
     model_tree(tmp_path / "model", test_model="tiny")  # the disk a test build ships
-    engine, proxy, harness, tls = _free_ports(4)
-    (tmp_path / "state").mkdir()
-    layout = GuestLayout(
-        state_mount=tmp_path / "state",
-        run_dir=tmp_path / "run",
-        sev_guest=tmp_path / "no-sev-guest",
-        model_dir=tmp_path / "model",
-        python=sys.executable,
-        engine_port=engine,
-        proxy_port=proxy,
-        harness_port=harness,
-        tls_port=tls,
-        tls_host="127.0.0.1",
-        switch_users=False,
-        start_timeout=60,
-        engine_start_timeout=60,
-        env={"PYTHONPATH": str(REPO)},
-        kds_url=kds.url,
-    )
-    said: list[str] = []
-    ready = threading.Event()
-
-    def say(line: str) -> None:
-        said.append(line)
-        if line.startswith("selftest: "):
-            ready.set()
-
-    stop = threading.Event()
+    layout = host_layout(tmp_path, kds_url=kds.url)
+    engine, proxy, harness, tls = (
+        layout.engine_port, layout.proxy_port, layout.harness_port, layout.tls_port,
+    )  # fmt: skip
     # no TEE here: the self-check fails, and only the override lets the pinned turn run
     options = BootOptions(tmp_path / "disk", "test-insecure", selftest=True, allow_unattested=True)
-    result: list[int] = []
-    thread = threading.Thread(
-        target=lambda: result.append(run_appliance(layout, options, True, say, stop))
-    )
-    thread.start()
+    booted = boot(layout, options)
+    said = booted.said
     try:
-        assert ready.wait(90), "\n".join(said)
+        assert booted.selftest.wait(90), "\n".join(said)
         urls = {
             "engine": f"http://127.0.0.1:{engine}/v1/models",
             "proxy": f"http://127.0.0.1:{proxy}/metrics",
@@ -456,10 +417,12 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
         ask, ark = (c.public_bytes(Encoding.DER) for c in load_certs(chain.chain))
         table = build_cert_table([("vcek", chain.vek), ("ask", ask), ("ark", ark)])
         bound = v5_report(chain.vek_key, report_data=keys.report_data(bytes(32)), policy=0x30000)
-        keep_evidence(layout, keys, Collected("sev-snp", bound, table, "configfs-tsm"), say)
+        keep_evidence(layout, keys, Collected("sev-snp", bound, table, "configfs-tsm"), booted.say)
         stranger = v5_report(chain.vek_key, report_data=bytes(64), policy=0x30000)
         with pytest.raises(StartError, match="binding"):
-            keep_evidence(layout, keys, Collected("sev-snp", stranger, b"", "configfs-tsm"), say)
+            keep_evidence(
+                layout, keys, Collected("sev-snp", stranger, b"", "configfs-tsm"), booted.say
+            )
         # A host that hands the guest no certificate table: the chain comes from AMD's KDS
         # (here its stand-in), asked through the proxy, which records both answers.
         vcek_at = (
@@ -468,12 +431,11 @@ def test_ready_line_only_after_the_services_answer(tmp_path: Path, kds: StandInK
         kds.documents[vcek_at] = chain.vek
         kds.documents["/vcek/v1/Turin/cert_chain"] = chain.chain
         time.sleep(1.1)  # a later boot: its evidence files get a stamp of their own
-        keep_evidence(layout, keys, Collected("sev-snp", bound, b"", "sev-guest ioctl"), say)
+        keep_evidence(layout, keys, Collected("sev-snp", bound, b"", "sev-guest ioctl"), booted.say)
         assert kds.asked == [vcek_at, "/vcek/v1/Turin/cert_chain"]
     finally:
-        stop.set()
-        thread.join(60)
-    assert result == [0]
+        booted.shut()
+    assert booted.result == [0]
     lines = [line for line in said if not line.startswith("[")]
     line = next(x for x in lines if x.startswith("affidavit-appliance ready"))
     before = lines[: lines.index(line)]

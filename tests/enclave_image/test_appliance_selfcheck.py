@@ -14,10 +14,8 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import ssl
 import stat
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -58,6 +56,7 @@ from enclave_image.appliance_supervise import Supervisor
 from enclave_image.appliance_tsm import collect_evidence
 from harness.state import Home
 from tests.attestation.snp_double import CHIP_ID, TURIN_TCB, FakeAmd, fake_amd, v5_report
+from tests.enclave_image.host_guest import host_layout
 from tests.enclave_image.test_appliance_tsm import ConfigfsTsmDouble
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,16 +70,6 @@ def test_cmdline_unattested_allow_or_nothing() -> None:
     for value in ("yes", "", "ALLOW", "allow,now"):
         with pytest.raises(Refused, match=f"affidavit.unattested={value}: the only value is"):
             parse_cmdline(f"{base} affidavit.unattested={value}")
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @dataclass
@@ -102,26 +91,14 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
     (model / "m.gguf").write_bytes(b"GGUF")  # the model disk as model.json names it
     (model / "model.json").write_text(json.dumps({"name": "m", "path": "m.gguf"}))
     (tmp / "state").mkdir()
-    engine, proxy, harness, tls = _free_ports(4)
     amd = fake_amd("Turin", TURIN_TCB, CHIP_ID[:8])
     ark = tmp / "double-ark.pem"
     ark.write_bytes(amd.ark)
-    layout = GuestLayout(
-        state_mount=tmp / "state",
-        run_dir=tmp / "run",
-        sev_guest=tmp / "no-sev-guest",
+    layout = host_layout(
+        tmp,
         tsm_reports=tmp / "tsm" / "report",
         model_dir=model,
-        python=sys.executable,
-        engine_port=engine,
-        proxy_port=proxy,
-        harness_port=harness,
-        tls_port=tls,
-        tls_host="127.0.0.1",
-        switch_users=False,
-        start_timeout=60,
         selftest_timeout=120,
-        env={"PYTHONPATH": str(REPO)},
         kds_url="http://127.0.0.1:9",  # never asked: the host's table carries the chain
         pci_devices=tmp / "pci",  # sysfs's PCI devices: none here (the host's may have a GPU)
     )
@@ -137,7 +114,7 @@ def guest(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Guest]:
         spec = services(layout)["proxy"]
         assert spec.argv[-2:] == ("--tee-status", str(layout.tee_status_file))
         sup.start(spec)
-        wait_for("proxy", layout.url(proxy) + "/metrics", 60, threading.Event())
+        wait_for("proxy", layout.url(layout.proxy_port) + "/metrics", 60, threading.Event())
         yield Guest(layout, keys, sup, said, amd, ark)
     finally:
         sup.stop_all(timeout=10)

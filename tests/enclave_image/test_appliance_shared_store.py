@@ -16,16 +16,15 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from enclave_image.appliance import BootOptions, GuestLayout, run_appliance
+from enclave_image.appliance import BootOptions, GuestLayout
 from enclave_image.appliance_config import SERIAL, OperatorConfig, config_disk_bytes
 from tests.attestation.kds_double import stand_in_kds
-from tests.enclave_image.test_appliance import _free_ports
+from tests.enclave_image.host_guest import boot, host_layout
 from tests.enclave_image.test_appliance_config import db_ca_pem
 from tests.pg_server import postgres_server  # noqa: F401  (a fixture, used by name)
 
@@ -61,48 +60,22 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
     # so libpq's default sslmode=prefer goes on without it; the CA file must not stop it)
     config = OperatorConfig(format="affidavit-config/1", store=url, store_ca=db_ca_pem(tmp_path))
     (dev / "vdf").write_bytes(config_disk_bytes(config))
-    engine, proxy, harness, tls = _free_ports(4)
-    (tmp_path / "state").mkdir()
     with stand_in_kds() as kds:
-        layout = GuestLayout(
-            state_mount=tmp_path / "state",
-            run_dir=tmp_path / "run",
-            sev_guest=tmp_path / "no-sev-guest",
-            model_dir=tmp_path / "model",
+        layout = host_layout(
+            tmp_path,
             block_dir=block,
             dev_dir=dev,
             store_on_loopback=True,  # the tests' private PostgreSQL listens on 127.0.0.1
-            python=sys.executable,
-            engine_port=engine,
-            proxy_port=proxy,
-            harness_port=harness,
-            tls_port=tls,
-            tls_host="127.0.0.1",
-            switch_users=False,
-            start_timeout=60,
-            engine_start_timeout=60,
-            env={"PYTHONPATH": str(REPO)},
             kds_url=kds.url,
         )
-        said: list[str] = []
-        ready = threading.Event()
-
-        def say(line: str) -> None:
-            said.append(line)
-            if line.startswith("selftest: "):
-                ready.set()
-
-        stop = threading.Event()
+        # no TEE here: the self-check fails, and only the override lets the pinned turn run
         options = BootOptions(
             tmp_path / "disk", "test-insecure", selftest=True, allow_unattested=True
         )
-        result: list[int] = []
-        thread = threading.Thread(
-            target=lambda: result.append(run_appliance(layout, options, True, say, stop))
-        )
-        thread.start()
+        booted = boot(layout, options)
+        said = booted.said
         try:
-            assert ready.wait(120), "\n".join(said)
+            assert booted.selftest.wait(120), "\n".join(said)
             turn = next(x for x in said if x.startswith("selftest: "))
             assert " ANSWERED reply sha256=" in turn, "\n".join(said)
             session = turn.split(" of session ", 1)[1].split()[0]
@@ -128,11 +101,10 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
             assert f"skipping stream {forged}: opened by another appliance's log key" in (
                 checked.stderr + checked.stdout
             )
-            _panel_tells_ours_from_others(said, harness, session, forged)
+            _panel_tells_ours_from_others(said, layout.harness_port, session, forged)
         finally:
-            stop.set()
-            thread.join(60)
-    assert result == [0], "\n".join(said)
+            booted.shut()
+    assert booted.result == [0], "\n".join(said)
     assert any(
         x.startswith("store: postgresql://") and "(from the config disk" in x for x in said
     ), said
