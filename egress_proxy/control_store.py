@@ -145,6 +145,8 @@ class ControlStore(LogStore):
             except self._grpc.RpcError as exc:
                 if pause is None or not self._busy(exc):
                     raise self._error(exc, missing) from None
+            except RuntimeError as exc:  # the client's reassembly: a file or line arrived cut
+                raise RecordError(f"store {self.name}: {exc}") from None
             time.sleep(pause)
         raise AssertionError("unreachable")
 

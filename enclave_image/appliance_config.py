@@ -120,8 +120,13 @@ def check_store_url(url: str, *, ca_given: bool = False, loopback: bool = False)
     if not hosts and not addrs:
         raise ConfigError("store: the URL names no host (the guest has no local server)")
     for host in hosts:
-        local = host.lower() == "localhost" or _local(host)
-        if not _HOST.fullmatch(host) or (local and not loopback):
+        local = _local_name(host) or _local(host)
+        if not _HOST.fullmatch(host) or (_NUMERIC.fullmatch(host) and not _address(host)):
+            raise ConfigError(
+                f"store: host {host!r} is not a host name or a canonical IP address"
+                " (a password holding / or @ must be percent-encoded)"
+            )
+        if local and not loopback:
             raise ConfigError(
                 f"store: host {host!r} is not the name or address of another machine"
                 " (a password holding / or @ must be percent-encoded)"
@@ -172,6 +177,10 @@ def check_store_url(url: str, *, ca_given: bool = False, loopback: bool = False)
 
 
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._:-]{0,252}[A-Za-z0-9.])?")
+#: What the C library would read as an IPv4 address in another spelling (``127.1``,
+#: ``2130706433``, ``0x7f000001``): only the canonical spelling is checked as an address.
+_NUMERIC = re.compile(r"[0-9.]+|0[xX][0-9A-Fa-f.xX]*")
+_LOCAL_NAMES = ("localhost", "ip6-localhost", "ip6-loopback")
 _SESSION_ATTRS = ("any", "read-write", "read-only", "primary", "standby", "prefer-standby")
 
 
@@ -180,6 +189,12 @@ def _address(text: str) -> IPv4Address | IPv6Address | None:
         return ip_address(text)
     except ValueError:
         return None
+
+
+def _local_name(host: str) -> bool:
+    """A name that means this machine wherever it is looked up (RFC 6761's ``localhost``)."""
+    name = host.lower().rstrip(".")
+    return name in _LOCAL_NAMES or name.endswith(".localhost")
 
 
 def _local(host: str) -> bool:
@@ -237,24 +252,28 @@ def parse_config(raw: bytes, *, loopback: bool = False) -> OperatorConfig:
         if config.store is None:
             raise ConfigError("store_ca: given without a store")
         _check_ca(config.store_ca)
+        store_conninfo(config, Path("/run/affidavit/store-ca.pem"), loopback=loopback)  # as booted
     return config
 
 
 def store_conninfo(config: OperatorConfig, ca_file: Path | None, *, loopback: bool = False) -> str:
     """The URL the proxy opens: the disk's, with ``sslrootcert`` pointing at ``ca_file``
     (where the guest wrote ``store_ca``) when there is one. Still a ``postgresql://`` URL:
-    that is how every store location names a database (``record.backends``)."""
-    from urllib.parse import quote
+    that is how every store location names a database (``record.backends``). With a CA it
+    is rebuilt from what libpq read, every parameter in the query (``postgresql://?…``), so
+    no quirk of the operator's spelling (a ``#`` or ``?`` in a password, a trailing ``&``)
+    can move one."""
+    from urllib.parse import quote, urlencode
 
     if config.store is None:
         raise ConfigError("the config disk names no store")
     if ca_file is None:
         return config.store
-    base, hash_, fragment = config.store.partition("#")
-    joiner = "&" if "?" in base else "?"
-    url = f"{base}{joiner}sslrootcert={quote(str(ca_file), safe='/')}{hash_}{fragment}"
-    if check_store_url(url, ca_given=True, loopback=loopback).get("sslrootcert") != str(ca_file):
-        raise ConfigError("store: the URL does not take a CA file (its query is malformed)")
+    params = check_store_url(config.store, loopback=loopback)
+    params["sslrootcert"] = str(ca_file)
+    url = "postgresql://?" + urlencode(sorted(params.items()), quote_via=quote)
+    if check_store_url(url, ca_given=True, loopback=loopback) != params:
+        raise ConfigError("store: the URL does not read back the same with a CA file")
     return url
 
 

@@ -57,6 +57,7 @@ from record.cli import (
 )
 from record.schema import Strict
 from record.seal import KeyPair
+from record.store import LogStore
 
 __all__ = [
     "DEFAULT_LAST",
@@ -136,6 +137,7 @@ class _Scanned:
     sealed_to_key: bool
     starts: list[tuple[int, datetime]]  # (seq, occurred_at) of each turn.started
     opened_by: str | None = None  # on a shared store, the log key of another appliance
+    unverified: str | None = None  # on a shared store, why this appliance's key does not vouch
 
 
 def _scan(
@@ -154,9 +156,12 @@ def _scan(
     scanned: dict[str, _Scanned] = {}
     store = open_store(store_path, readonly=True)
     try:
+        vouch = store.shared and bool(own_log_key)
         for stream in store.streams():
             found = _Scanned({}, False, [])
+            leaves: list[bytes] = []
             for stored in store.entries(stream):
+                leaves.append(stored.leaf_hash)
                 entry = parse_entry(stored.line)
                 if entry.kind == "turn.started":
                     found.starts.append((entry.seq, _timestamp(entry.occurred_at)))
@@ -171,10 +176,42 @@ def _scan(
                         w.recipient == mine for w in body.recipients
                     ):
                         found.sealed_to_key = True
+            if vouch and found.opened_by is None and own_log_key:
+                found.unverified = _unvouched(store, stream, leaves, own_log_key)
             scanned[stream] = found
     finally:
         store.close()
     return scanned
+
+
+def _unvouched(store: LogStore, stream: str, leaves: list[bytes], own_log_key: str) -> str | None:
+    """Why a stream of a shared store that names this appliance's log key is not vouched
+    for by it (None: it is): its opening only claims the key, which is public, so the
+    proof is a checkpoint signed by it that covers every entry the stream holds."""
+    from record import merkle
+    from record.checkpoint import CheckpointError, Verifier, log_origin, open_checkpoint
+
+    verifier = Verifier.from_vkey(own_log_key)
+    origin = log_origin(verifier.name, verifier.key_id, stream)
+    signed = []
+    for stored in store.checkpoints(stream):
+        try:
+            checkpoint, _ = open_checkpoint(stored.note, [verifier])
+        except (CheckpointError, ValueError):
+            continue  # not ours: whoever added it cannot make it vouch
+        if checkpoint.origin == origin:
+            signed.append(checkpoint)
+    if not signed:
+        return "it claims this appliance's log key, but no checkpoint of it is signed by that key"
+    latest = max(signed, key=lambda c: c.size)
+    if latest.size != len(leaves):
+        return (
+            f"this appliance's latest signed checkpoint covers {latest.size} of its "
+            f"{len(leaves)} entries"
+        )
+    if merkle.root(leaves) != latest.root_hash:
+        return "its entries do not match this appliance's latest signed checkpoint"
+    return None
 
 
 def select_turns(
@@ -202,7 +239,9 @@ def select_turns(
         (
             (at, stream, seq)
             for stream, info in scanned.items()
-            if LABEL_REPLAYS not in info.labels and info.opened_by is None
+            if LABEL_REPLAYS not in info.labels
+            and info.opened_by is None
+            and info.unverified is None
             for seq, at in info.starts
             if since is None or at >= since
         ),
@@ -215,6 +254,8 @@ def select_turns(
             selection.skipped.append(
                 (stream, f"opened by another appliance's log key {info.opened_by}")
             )
+        elif info.unverified is not None:
+            selection.skipped.append((stream, info.unverified))
     states: dict[str, dict[int, Any] | None] = {}
     for at, stream, seq in candidates:
         if limit is not None and len(selection.turns) >= limit:

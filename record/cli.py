@@ -186,17 +186,19 @@ def home_store(home: Path | None) -> StoreLocation:
     return location(named)
 
 
-def home_log_key(home: Path | None) -> str | None:
+def home_log_key(home: Path | None, store: StoreLocation | None = None) -> str | None:
     """The log key of the appliance a state folder belongs to: the one its ``appliance.json``
     names (the appliance image's, whose key only its proxy may read), else the verifier of
     its ``record.signing-key`` (``up --store URL``), else None. On a store several appliances
-    share, this home's streams are the ones signed by it."""
+    share, this home's streams are the ones signed by it. ``store``: the store asked about;
+    ``appliance.json``'s key counts only for the store it names."""
     root = home_root(home)
     try:
-        named = json.loads((root / "appliance.json").read_bytes()).get("log_key")
+        doc = json.loads((root / "appliance.json").read_bytes())
+        named, its_store = doc.get("log_key"), doc.get("store")
     except (OSError, ValueError, AttributeError):
-        named = None
-    if isinstance(named, str) and named:
+        named = its_store = None
+    if isinstance(named, str) and named and (store is None or str(store) == its_store):
         return named
     mine = root / SIGNING_KEY_FILE
     if not mine.is_file():
@@ -479,7 +481,7 @@ def log_key(store: _Store = None, home: _Home = None, as_json: _Json = False) ->
         opened.close()
     mine = home_root(home) / SIGNING_KEY_FILE
     if vkey is None and shared:
-        vkey = home_log_key(home)
+        vkey = home_log_key(home, source)
     if vkey is None and shared:
         print(
             f"store {store_name(source)} is shared and keeps no one log key (each stream's is "

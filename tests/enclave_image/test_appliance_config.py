@@ -28,6 +28,7 @@ from enclave_image.appliance_config import (
     find_config_disk,
     parse_config,
     read_config,
+    store_conninfo,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +83,14 @@ def test_a_config_disk_reads_back_with_padding_and_its_url_intact(tmp_path: Path
         (_doc(store=URL + "&sslkey=/var/lib/affidavit/tls/key.pem"), "sets sslkey"),
         (_doc(store=URL + "&service=x"), "sets service"),
         (_doc(store=URL + "&options=-c%20synchronous_commit%3Doff"), "sets options"),
-        (_doc(store="postgresql://u@%2Fvar%2Frun%2Fpostgresql/db"), "not the name or address"),
+        (_doc(store="postgresql://u@%2Fvar%2Frun%2Fpostgresql/db"), "not a host name or a"),
+        (_doc(store="postgresql://127.1/db"), "not a host name or a canonical IP"),
+        (_doc(store="postgresql://2130706433/db"), "not a host name or a canonical IP"),
+        (_doc(store="postgresql://0x7f000001/db"), "not a host name or a canonical IP"),
+        (_doc(store="postgresql://0/db"), "not a host name or a canonical IP"),
+        (_doc(store="postgresql://localhost./db"), "not the name or address of another"),
+        (_doc(store="postgresql://db.localhost/db"), "not the name or address of another"),
+        (_doc(store="postgresql://ip6-localhost/db"), "not the name or address of another"),
         (_doc(store="postgresql:///records"), "names no host"),
         (_doc(store="postgresql:///db?hostaddr=10.0.0.5,"), "hostaddr '' is not"),
         (_doc(store="postgresql:///db?hostaddr=,10.0.0.5"), "hostaddr '' is not"),
@@ -141,6 +149,19 @@ def test_urls_an_operator_writes_are_taken() -> None:
         "postgresql:///records?hostaddr=10.0.0.5&port=5432&connect_timeout=10",
     ):
         assert parse_config(_doc(store=url)).store == url
+    # with a CA, the proxy's URL is rebuilt from what libpq read: a spelling libpq takes
+    # (a # or ? in a password, a trailing ? or &) reads back the same, CA file added
+    from psycopg.conninfo import conninfo_to_dict
+
+    for url in (
+        "postgresql://u:pa#ss@db.example/records",
+        "postgresql://u:p?x@db.example/records",
+        "postgresql://u@db.example/records?",
+        "postgresql://u@db.example/records?sslmode=verify-full&",
+    ):
+        config = parse_config(_doc(store=url, store_ca=db_ca_pem(Path("."))))
+        built = conninfo_to_dict(store_conninfo(config, Path("/run/x/store-ca.pem")))
+        assert built == {**conninfo_to_dict(url), "sslrootcert": "/run/x/store-ca.pem"}
     # the tests' own server is on loopback: only the layout's test knob takes it
     parse_config(_doc(store="postgresql://u@127.0.0.1:5432/db"), loopback=True)
 

@@ -93,14 +93,22 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
             log_key = next(x for x in said if x.startswith("keys: log key ")).split()[-1]
             key = _as_harness(layout, "log", "key")
             assert (key.returncode, key.stdout.strip()) == (0, log_key), key.stderr
-            forged = _forge_a_session(url, layout)
+            forged = _forge_a_session(url, layout, "01a00000-0000-7000-8000-00000000f0e6")
+            # ... and one whose opening claims this appliance's key (a public value)
+            claimed = _forge_a_session(url, layout, "01a00000-0000-7000-8000-00000000c1a1", log_key)
             # The weekly check reads only this appliance's streams: a session someone put in
             # the database under another key, sealed to the harness's key, pages nobody.
             checked = _as_harness(layout, "diverge", "--reconstruct-only", "--json")
             assert checked.returncode == 0, checked.stdout + checked.stderr
+            said_by_check = checked.stderr + checked.stdout
             assert f"skipping stream {forged}: opened by another appliance's log key" in (
-                checked.stderr + checked.stdout
+                said_by_check
             )
+            assert (
+                f"skipping stream {claimed}: it claims this appliance's log key, but no"
+                " checkpoint of it is signed by that key"
+            ) in said_by_check
+            assert json.loads(checked.stdout)["failures"] == []
             _panel_tells_ours_from_others(said, layout.harness_port, session, forged)
         finally:
             booted.shut()
@@ -117,22 +125,24 @@ def test_the_appliance_writes_a_shared_store_and_its_harness_reads_it_through_th
         assert store.size(session) > 4
         # the harness's audit, through the proxy, read every entry the database held then
         assert audit["ok"]
-        assert audit["entries"] == sum(store.size(s) for s in streams if s != forged)
+        assert audit["entries"] == sum(store.size(s) for s in streams if s not in (forged, claimed))
     finally:
         store.close()
 
 
-def _forge_a_session(url: str, layout: GuestLayout) -> str:
+def _forge_a_session(url: str, layout: GuestLayout, stream: str, claim: str | None = None) -> str:
     """What the database's administrator can do: a session of its own, under a log key of
-    its own, sealed to the harness's key (its public half is in every stream.opened)."""
+    its own, sealed to the harness's key (its public half is in every stream.opened);
+    ``claim``: the log key its opening names instead (any public key, this appliance's)."""
     from record.digest import Domain, digest
     from record.log import Log
     from record.schema import TurnEnded, TurnStarted
     from record.seal import KeyPair
 
-    stream = "01a00000-0000-7000-8000-00000000f0e6"
     harness_key = KeyPair.read(layout.home_dir / "user.key").recipient
     with Log.open(url, signing_key=layout.run_dir / "forger.key") as log:
+        if claim is not None:
+            log.signer.vkey = lambda: claim  # type: ignore[method-assign]
         log.open_stream(stream, [harness_key])
         said = b"Transfer everything (forged by the database)"
         log.append(
