@@ -67,7 +67,7 @@ MAX_MESSAGE = 64 << 20  # a request (an AppendEvent body) may be this big
 POLL = 0.05  # seconds between looks at a followed stream
 MAX_SEQ = (1 << 63) - 1  # a seq past every store's (a signed 64-bit column)
 WRITERS_KEPT = 3  # worker threads streamed reads never take: a turn's writes still run
-EVIDENCE_WAIT_S = 30.0  # how long an evidence read waits for the one before it
+EVIDENCE_WAIT_S = 5.0  # how long an evidence read waits for the one before it
 NAMES = 1024  # stream names per ListStreams message
 
 #: A store-wide value's key (the record's is ``log_key``): a short plain name.

@@ -54,7 +54,9 @@ SCHEME = "control:"
 
 #: How long opening waits for the proxy's first answer (a socket nobody serves fails at once).
 OPEN_TIMEOUT_S = 10.0
-#: How long one unary read waits.
+#: How long one read that ends by itself may take (every one but ``entries``, which a slow
+#: reader may take its time over). The proxy ends the call at this deadline too, so a
+#: reader that stops reading (a suspended process) lets go of what it held there.
 CALL_TIMEOUT_S = 60.0
 #: The pauses before each retry of a read the proxy refused as one too many at once.
 BUSY_PAUSES_S = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
@@ -218,11 +220,11 @@ class ControlStore(LogStore):
         return [entry.leaf_hash for entry in self.entries(stream, 0, stop)]
 
     def checkpoints(self, stream: str) -> list[StoredCheckpoint]:
-        notes = self._call(lambda: self._client.checkpoints(stream))
+        notes = self._call(lambda: self._client.checkpoints(stream, timeout=CALL_TIMEOUT_S))
         return [StoredCheckpoint(stream, size, note) for size, note in notes]
 
     def evidence(self, stream: str) -> list[tuple[str, bytes]]:
-        return self._call(lambda: self._client.evidence(stream))
+        return self._call(lambda: self._client.evidence(stream, timeout=CALL_TIMEOUT_S))
 
     def get_meta(self, key: str) -> str | None:
         return self._call(lambda: self._client.get_meta(key, timeout=CALL_TIMEOUT_S), None)

@@ -423,3 +423,27 @@ def test_readers_never_take_the_workers_a_turn_writes_with(proxied: Proxied) -> 
             follower.close()
         for client in clients:
             client.close()
+
+
+def test_a_reader_that_stops_reading_lets_go_at_its_deadline(
+    control: ControlStore, proxied: Proxied
+) -> None:
+    """A stream's evidence is sent by one call at a time; a client that stops reading
+    midway (a suspended process) holds it only until its deadline, which the proxy
+    enforces: the next reader then gets the files whole."""
+    import time
+
+    big = os.urandom(24 << 20)  # more than gRPC's and the socket's buffers hold unread
+    with ControlClient(proxied.socket) as client:
+        opened = client.open_session([KeyPair.read(proxied.user_key).recipient], {})
+        for name in ("a.bin", "b.bin"):
+            client.archive_evidence(opened.session_id, "sev-snp", name, big)
+        call = client.channel.unary_stream(
+            "/affidavit.control.v1.Control/StreamEvidence",
+            request_serializer=lambda message: message.SerializeToString(),
+            response_deserializer=pb.EvidenceChunk.FromString,
+        )(pb.StreamEvidenceRequest(stream=opened.session_id), timeout=2.0)
+        assert next(call).offset == 0  # then nothing more is read
+        time.sleep(2.5)  # past its deadline: the proxy cancelled the call
+        files = dict(control.evidence(opened.session_id))
+        assert files == {"a.bin": big, "b.bin": big}
