@@ -26,12 +26,12 @@ import re
 import stat
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent import futures
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -170,6 +170,39 @@ def store_label(store: LogStore) -> str:
         return store.path.name
     name = getattr(store, "name", None)  # ``PostgresStore.name``: ``describe(conninfo)``
     return name if isinstance(name, str) else type(store).__name__
+
+
+def _chunks(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """``data`` in pieces of at most ``CHUNK`` bytes, with their offsets (empty: one piece),
+    so no message limit bounds what a stream carries."""
+    for offset in range(0, max(len(data), 1), CHUNK):
+        yield offset, data[offset : offset + CHUNK]
+
+
+class _Chunk(Protocol):
+    offset: int
+    size: int
+    data: bytes
+
+
+_C = TypeVar("_C", bound=_Chunk)
+
+
+def _whole(chunks: Iterable[_C], name: Callable[[_C], str]) -> Iterator[tuple[_C, bytes]]:
+    """What ``_chunks`` cut, put back together: each item's bytes, with its last chunk (its
+    ``seq`` or ``name``); ``name`` says which item a missing chunk belongs to."""
+    parts: list[bytes] = []
+    last: _C | None = None
+    for chunk in chunks:
+        if chunk.offset != sum(map(len, parts)):
+            raise RuntimeError(f"{name(chunk)}: a chunk is missing")
+        parts.append(chunk.data)
+        last = chunk
+        if chunk.offset + len(chunk.data) == chunk.size:
+            yield chunk, b"".join(parts)
+            parts = []
+    if parts and last is not None:
+        raise RuntimeError(f"{name(last)}: the stream ended inside it")
 
 
 def _lease(lease: Lease) -> pb.Lease:
@@ -381,13 +414,8 @@ class ControlServicer:
             sent = False
             for entry in _each("entries", store.entries(stream, seq, stop)):
                 line = entry.line
-                for offset in range(0, max(len(line), 1), CHUNK):
-                    yield pb.EntryChunk(
-                        seq=entry.seq,
-                        size=len(line),
-                        offset=offset,
-                        data=line[offset : offset + CHUNK],
-                    )
+                for offset, data in _chunks(line):
+                    yield pb.EntryChunk(seq=entry.seq, size=len(line), offset=offset, data=data)
                 seq = entry.seq + 1
                 sent = True
             if not request.follow or (stop is not None and seq >= stop):
@@ -434,11 +462,9 @@ class ControlServicer:
         try:  # held until sent: one stream's evidence in the proxy's memory at a time
             files = _read("evidence", lambda: store.evidence(stream))
             while files:  # each file let go once sent
-                name, data = files.pop(0)
-                for offset in range(0, max(len(data), 1), CHUNK):
-                    yield pb.EvidenceChunk(
-                        name=name, size=len(data), offset=offset, data=data[offset : offset + CHUNK]
-                    )
+                name, whole = files.pop(0)
+                for offset, data in _chunks(whole):
+                    yield pb.EvidenceChunk(name=name, size=len(whole), offset=offset, data=data)
         finally:
             self.evidence_reader.release()
 
@@ -687,16 +713,9 @@ class ControlClient:
         )
         if stop is not None:
             request.stop_seq = min(stop, MAX_SEQ)
-        parts: list[bytes] = []
-        for chunk in self._stream("StreamEntries", request, pb.EntryChunk, timeout):
-            if chunk.offset != sum(map(len, parts)):
-                raise RuntimeError(f"entry {chunk.seq}: a chunk is missing")
-            parts.append(chunk.data)
-            if chunk.offset + len(chunk.data) == chunk.size:
-                yield chunk.seq, b"".join(parts)
-                parts = []
-        if parts:
-            raise RuntimeError(f"entry {chunk.seq}: the stream ended inside it")
+        chunks = self._stream("StreamEntries", request, pb.EntryChunk, timeout)
+        for last, line in _whole(chunks, lambda chunk: f"entry {chunk.seq}"):
+            yield last.seq, line
 
     def store_info(self, *, timeout: float = 30.0) -> pb.StoreInfoResponse:
         """Whether the proxy's store is shared, and its name (no password)."""
@@ -728,18 +747,11 @@ class ControlClient:
     def evidence(self, stream: str, *, timeout: float | None = None) -> list[tuple[str, bytes]]:
         """``(name, data)`` of each evidence file of ``stream``, by name, reassembled."""
         request = pb.StreamEvidenceRequest(stream=stream)
-        files: list[tuple[str, bytes]] = []
-        parts: list[bytes] = []
-        for chunk in self._stream("StreamEvidence", request, pb.EvidenceChunk, timeout):
-            if chunk.offset != sum(map(len, parts)):
-                raise RuntimeError(f"evidence {chunk.name!r}: a chunk is missing")
-            parts.append(chunk.data)
-            if chunk.offset + len(chunk.data) == chunk.size:
-                files.append((chunk.name, b"".join(parts)))
-                parts = []
-        if parts:
-            raise RuntimeError("evidence: the last file ended before its size")
-        return files
+        chunks = self._stream("StreamEvidence", request, pb.EvidenceChunk, timeout)
+        return [
+            (last.name, data)
+            for last, data in _whole(chunks, lambda chunk: f"evidence {chunk.name!r}")
+        ]
 
     def get_meta(self, key: str, *, timeout: float = 30.0) -> str | None:
         """A store-wide value (``log_key``), or None when it is not set."""

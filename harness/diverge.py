@@ -44,6 +44,7 @@ from typing import Annotated, Any
 import typer
 
 from harness.state import Home, HomeMissing
+from record.audit import Row, check_stream
 from record.backends import store_exists
 from record.cli import (
     EXIT_MISSING,
@@ -159,9 +160,10 @@ def _scan(
         vouch = store.shared and bool(own_log_key)
         for stream in store.streams():
             found = _Scanned({}, False, [])
-            leaves: list[bytes] = []
+            rows: list[Row] = []  # kept only where the audit below needs them
             for stored in store.entries(stream):
-                leaves.append(stored.leaf_hash)
+                if vouch:
+                    rows.append(Row(stored.line, stored.seq, stored.leaf_hash))
                 entry = parse_entry(stored.line)
                 if entry.kind == "turn.started":
                     found.starts.append((entry.seq, _timestamp(entry.occurred_at)))
@@ -177,40 +179,33 @@ def _scan(
                     ):
                         found.sealed_to_key = True
             if vouch and found.opened_by is None and own_log_key:
-                found.unverified = _unvouched(store, stream, leaves, own_log_key)
+                found.unverified = _unvouched(store, stream, rows, own_log_key)
             scanned[stream] = found
     finally:
         store.close()
     return scanned
 
 
-def _unvouched(store: LogStore, stream: str, leaves: list[bytes], own_log_key: str) -> str | None:
+def _unvouched(store: LogStore, stream: str, rows: list[Row], own_log_key: str) -> str | None:
     """Why a stream of a shared store that names this appliance's log key is not vouched
     for by it (None: it is): its opening only claims the key, which is public, so the
-    proof is a checkpoint signed by it that covers every entry the stream holds."""
-    from record import merkle
-    from record.checkpoint import CheckpointError, Verifier, log_origin, open_checkpoint
-
-    verifier = Verifier.from_vkey(own_log_key)
-    origin = log_origin(verifier.name, verifier.key_id, stream)
-    signed = []
-    for stored in store.checkpoints(stream):
-        try:
-            checkpoint, _ = open_checkpoint(stored.note, [verifier])
-        except (CheckpointError, ValueError):
-            continue  # not ours: whoever added it cannot make it vouch
-        if checkpoint.origin == origin:
-            signed.append(checkpoint)
-    if not signed:
+    stream must pass the audit (``record.audit.check_stream``) against that key, every entry
+    covered by a checkpoint it signed."""
+    notes = [(f"checkpoint #{i}", c.note) for i, c in enumerate(store.checkpoints(stream))]
+    audit = check_stream(stream, rows, notes, own_log_key)
+    if audit.entries and not audit.covered:
         return "it claims this appliance's log key, but no checkpoint of it is signed by that key"
-    latest = max(signed, key=lambda c: c.size)
-    if latest.size != len(leaves):
+    if audit.unsigned:
         return (
-            f"this appliance's latest signed checkpoint covers {latest.size} of its "
-            f"{len(leaves)} entries"
+            f"this appliance's latest signed checkpoint covers {audit.covered} of its "
+            f"{audit.entries} entries"
         )
-    if merkle.root(leaves) != latest.root_hash:
-        return "its entries do not match this appliance's latest signed checkpoint"
+    if audit.problems:
+        first = audit.problems[0]
+        return (
+            f"its audit against this appliance's log key finds {counted(len(audit.problems), 'problem')}"
+            f" (first: {first.code}: {first.detail})"
+        )
     return None
 
 
