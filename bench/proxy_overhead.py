@@ -29,7 +29,10 @@ samples the proxy process at 1 kHz while one client makes the JSON calls again, 
 sample goes to the part of the hot path its innermost recognised frame belongs to (HTTP
 server, routing and app, parsing, pins and clock, canonical JSON, digests, seal, Merkle tree,
 signed checkpoint, the durable commit, the upstream client, relay and annotation, the event
-loop), printed as thread time per call (``PARTS``; without py-spy it says so). The
+loop), printed as thread time per call (``PARTS``; without py-spy it says so). Last, for
+context: a forwarder of the proxy's own parts that records nothing (uvicorn, a raw ASGI app,
+one ``httpx.AsyncClient``) measured the same way against the same upstream, so the table shows
+what those parts cost on this machine before any recording (``forwarder_no_record``). The
 upstream's cost is fixed and documented: it replies at once, the same bytes every time, so
 nothing it does can move a ratio. Targets: added p50 <= 2 commits + 0.3 ms and added p99 <=
 twice that, at concurrency 1; throughput >= 0.5x direct at concurrency 1 and >= 0.9x at 32;
@@ -151,6 +154,56 @@ def serve_upstream(conn: Connection) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+def serve_forwarder(upstream_url: str, conn: Connection) -> None:
+    """For context: a forwarder built from the proxy's own parts (uvicorn, a raw ASGI app, one
+    ``httpx.AsyncClient``) that records nothing: what those parts cost on this machine before
+    the first byte of a record is written."""
+    import uvicorn
+
+    client: httpx.AsyncClient | None = None
+
+    async def forward(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        nonlocal client
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        if client is None:
+            client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)
+            )
+        body = bytearray()
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        built = client.build_request(
+            "POST",
+            upstream_url + scope["path"],
+            content=bytes(body),
+            headers={"content-type": "application/json"},
+        )
+        reply = await client.send(built, stream=True)
+        headers = [(b"content-type", reply.headers["content-type"].encode())]
+        await send({"type": "http.response.start", "status": reply.status_code, "headers": headers})
+        async for chunk in reply.aiter_raw():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await reply.aclose()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    conn.send(f"http://127.0.0.1:{sock.getsockname()[1]}")
+    config = uvicorn.Config(
+        forward, log_level="critical", access_log=False, lifespan="on", timeout_keep_alive=30
+    )
+    uvicorn.Server(config).run(sockets=[sock])
+
+
 def serve_proxy(upstream_url: str, store: str, conn: Connection) -> None:
     from egress_proxy.config import parse_config
     from egress_proxy.server import ProxyServer
@@ -267,6 +320,53 @@ async def measure(
                 results[key] = runs
                 counted[key] = (total, count)
     return results, counted
+
+
+async def measure_forwarder(plan: Plan, direct_url: str, forwarder_url: str) -> dict[str, Any]:
+    """The forwarder against the upstream direct, as ``measure`` does the proxy: per mode and
+    concurrency, the paired throughput ratio (median over repeats) and the added p50."""
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+    found: dict[str, Any] = {}
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        for mode in MODES:
+            body = STREAM_REQUEST if mode == "stream" else REQUEST
+            for url in (direct_url, forwarder_url):
+                await run_calls(client, url, body, 8, plan.warmup)
+            for concurrency in CONCURRENCY:
+                runs: dict[str, list[Run]] = {"direct": [], "proxy": []}
+                for _ in range(plan.repeats):
+                    n = plan.calls[concurrency]
+                    runs["direct"].append(await run_calls(client, direct_url, body, concurrency, n))
+                    runs["proxy"].append(
+                        await run_calls(client, forwarder_url, body, concurrency, n)
+                    )
+                f = figures_of(runs)
+                found[f"{mode}_c{concurrency}"] = {
+                    "throughput_ratio": f["throughput_ratio"],
+                    "added_p50_ms": f["added_p50_ms"],
+                    "failures": len(f["direct"]["failures"]) + len(f["proxy"]["failures"]),
+                }
+    return found
+
+
+def forwarder_floor(plan: Plan, upstream_url: str) -> dict[str, Any]:
+    """Starts the forwarder, measures it, stops it."""
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    forwarder = ctx.Process(target=serve_forwarder, args=(upstream_url, child), daemon=True)
+    forwarder.start()
+    try:
+        if not parent.poll(60):
+            return {"not_measured": "the forwarder did not start"}
+        url: str = parent.recv()
+        return asyncio.run(
+            measure_forwarder(
+                plan, upstream_url + "/v1/chat/completions", url + "/v1/chat/completions"
+            )
+        )
+    finally:
+        forwarder.terminate()
+        forwarder.join(10)
 
 
 def commit_latency(path: Path, n: int) -> list[float]:
@@ -562,6 +662,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         px_parent.send("stop")
         px_parent.poll(60) and px_parent.recv()
         proxy.join(30)
+        progress("for context: a forwarder that records nothing ...")
+        floor = forwarder_floor(plan, upstream_url)
         progress("durable commits ...")
         commits = commit_latency(scratch / "commits.db", plan.commits)
     finally:
@@ -586,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     figures["proxy_metrics"] = proxy_metrics(metrics_text)
     figures["breakdown"] = profile
+    figures["forwarder_no_record"] = floor
     figures["published_added_ms_no_durable_record"] = PUBLISHED_MS
     figures["run"] = {
         "mode": "quick" if args.quick else "full",
@@ -632,6 +735,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(breakdown_table(profile))
         print()
+    if "not_measured" in floor:
+        print(f"forwarder that records nothing: not measured: {floor['not_measured']}")
+    else:
+        print(
+            "for context, a forwarder of the same parts that records nothing (uvicorn, a raw ASGI"
+            " app, httpx), against the same upstream direct: "
+            + "; ".join(
+                f"{key} throughput {f['throughput_ratio']:.2f}x, added p50 {f['added_p50_ms']:.2f} ms"
+                for key, f in floor.items()
+            )
+        )
     print(f"cores: {cores}; mode: {figures['run']['mode']}; {figures['run']['seconds']:.1f} s")
     if args.quick:
         print("note: --quick runs one short repeat; its verdicts are indicative only")

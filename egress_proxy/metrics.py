@@ -9,15 +9,19 @@ Every app has its own ``CollectorRegistry`` (never the process-global one), serv
 - ``ProxyMetrics.transport`` wraps the transport the pipeline dials: it times the upstream
   (send, first body byte, end of body) and counts the bytes sent and received.
 
-Added latency is time in the proxy less time in the upstream, for the same call:
-``(client's last byte − call start) − (upstream's last byte − dial start)``; added time to
-first byte likewise with first bytes. The call starts when the request's first bytes reach
-the HTTP server (:class:`ArrivalStamped`, handed on by ``ProxyMetrics.arrivals``, the
-outermost middleware), so parsing, routing, reading the body and finding the session count
-too, as a client sees them; only the network before it is outside. Both are observed only when the client reads its reply
-to the end. The two halves find each other through a context variable: the pipeline runs in
-one task, the capture that reads the upstream's body in a task it spawned (a copy of the
-context holding the same ``_Timing``).
+Added latency is time in the proxy less the upstream's time, for the same call:
+``(client's last byte − call start) − (upstream's time)``; added time to first byte likewise,
+to the first body bytes. The upstream's time is what the call spent on its socket (connecting,
+writing, reading: ``transports.base.WIRE_TIME``, measured by the network transport), so the
+proxy's own HTTP client counts as added, as a client sees it. A transport that sees no socket
+falls back to the time its ``send`` and its body's reads took (the consumer's time between
+reads stays out). The call starts when the request's first bytes reach the HTTP server
+(:class:`ArrivalStamped`, handed on by ``ProxyMetrics.arrivals``, the outermost middleware), so
+parsing, routing, reading the body and finding the session count too; only the network before
+it is outside. Both are observed only when the client reads its reply to the end. The parts
+find each other through context variables: the pipeline runs in one task, the capture that
+reads the upstream's body in a task it spawned (a copy of the context holding the same
+``_Timing`` and ``WireTime``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
@@ -34,7 +38,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from egress_proxy.errors import ProxyError, UpstreamUnavailable
-from egress_proxy.transports.base import Transport, UpstreamRequest, UpstreamResponse
+from egress_proxy.transports.base import (
+    WIRE_TIME,
+    Transport,
+    UpstreamRequest,
+    UpstreamResponse,
+    WireTime,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -69,8 +79,21 @@ class _Timing:
     upstream: str
     start: float
     dial: float | None = None  # transport.send called
-    upstream_first: float | None = None  # first body chunk from the upstream
     upstream_end: float | None = None  # the upstream's body ended (whole, cut or failed)
+    #: seconds the transport's ``send`` and each read of the body took (a stand-in for
+    #: ``wire`` where the transport sees no socket); the consumer's time between reads is out
+    waited: float = 0.0
+    waited_first: float | None = None  # ``waited`` when the first body chunk came
+    wire: WireTime = field(default_factory=WireTime)  # the upstream's socket time, if seen
+    wire_first: float | None = None  # ``wire.seconds`` when the first body chunk came
+
+    def upstream_s(self, *, first: bool) -> float:
+        """Seconds of this call that were the upstream's: to its first body byte or its end."""
+        if self.wire.measured:
+            whole, at_first = self.wire.seconds, self.wire_first
+        else:
+            whole, at_first = self.waited, self.waited_first
+        return whole if not first or at_first is None else at_first
 
 
 _TIMING: ContextVar[_Timing | None] = ContextVar("affidavit_proxy_timing", default=None)
@@ -180,6 +203,7 @@ class ProxyMetrics:
             name = call.upstream.name
             timing = _Timing(name, _ARRIVED.get() or time.perf_counter())
             _TIMING.set(timing)
+            WIRE_TIME.set(timing.wire)
             self.calls.labels(name).inc()
             self.bytes.labels(name, "request_in").inc(len(call.input_bytes))
             try:
@@ -229,14 +253,11 @@ class ProxyMetrics:
         self.bytes.labels(name, "response_out").inc(sent)
         if timing.dial is None or timing.upstream_end is None:
             return  # never dialed, or the upstream is still being read: nothing to compare
-        up_first = (
-            timing.upstream_first if timing.upstream_first is not None else timing.upstream_end
-        )
         self.added_ttfb.labels(name).observe(
-            max(0.0, (first - timing.start) - (up_first - timing.dial))
+            max(0.0, (first - timing.start) - timing.upstream_s(first=True))
         )
         self.added_latency.labels(name).observe(
-            max(0.0, (end - timing.start) - (timing.upstream_end - timing.dial))
+            max(0.0, (end - timing.start) - timing.upstream_s(first=False))
         )
 
 
@@ -250,7 +271,10 @@ class _MeteredTransport:
             return await self.inner.send(request)
         timing.dial = time.perf_counter()
         self.metrics.bytes.labels(timing.upstream, "request_out").inc(len(request.body))
-        response = await self.inner.send(request)
+        try:
+            response = await self.inner.send(request)
+        finally:
+            timing.waited += time.perf_counter() - timing.dial
         return _MeteredResponse(response, timing, self.metrics)
 
     async def aclose(self) -> None:
@@ -266,12 +290,21 @@ class _MeteredResponse:
     async def body(self) -> AsyncIterator[bytes]:
         timing = self.timing
         received = 0
+        chunks = aiter(self.inner.body())
         try:
-            async for chunk in self.inner.body():
-                if timing.upstream_first is None:
-                    timing.upstream_first = time.perf_counter()
+            while True:
+                asked = time.perf_counter()
+                try:
+                    chunk = await anext(chunks)
+                finally:
+                    now = time.perf_counter()
+                    timing.waited += now - asked
+                if timing.waited_first is None:  # the first body chunk
+                    timing.waited_first, timing.wire_first = timing.waited, timing.wire.seconds
                 received += len(chunk)
                 yield chunk
+        except StopAsyncIteration:
+            pass
         finally:
             timing.upstream_end = time.perf_counter()
             self.metrics.bytes.labels(timing.upstream, "response_in").inc(received)

@@ -6,12 +6,20 @@ the headers and the body as an async iterator of the bytes as they arrive. It ra
 stopped early) while the body is read: each transport translates its library's exceptions
 at this boundary, so the pipeline never learns which HTTP client, if any, was used.
 
+A transport that sees its sockets also says how long each call waited on them (connecting,
+reading the reply, writes that had to wait for the network) through :data:`WIRE_TIME`, so the
+proxy's added-latency metric subtracts the upstream's time and none of its own HTTP client's
+work.
+
 This module dials nothing and imports no HTTP client.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,6 +53,36 @@ class Transport(Protocol):
     async def send(self, request: UpstreamRequest) -> UpstreamResponse: ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass
+class WireTime:
+    """Seconds one call spent waiting on its upstream's socket: connecting (TLS included),
+    reading the reply, writes that had to wait for the network. ``measured`` stays False where
+    the transport sees no socket (a recorded or in-process upstream)."""
+
+    seconds: float = 0.0
+    measured: bool = False
+
+
+#: The current call's :class:`WireTime`, set by whoever measures it (``ProxyMetrics.stage``);
+#: the task that reads the reply's body runs in a copy of the same context, so it adds to it.
+WIRE_TIME: ContextVar[WireTime | None] = ContextVar("affidavit_wire_time", default=None)
+
+
+@contextmanager
+def on_the_wire() -> Iterator[None]:
+    """Counts the time inside toward the current call's :class:`WireTime`, if one is set."""
+    wire = WIRE_TIME.get()
+    if wire is None:
+        yield
+        return
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        wire.seconds += time.perf_counter() - started
+        wire.measured = True
 
 
 def header(headers: tuple[tuple[str, str], ...], name: str) -> str | None:

@@ -17,6 +17,13 @@ goes to the address the fetch rule checked and pinned, with ``Host`` and the TLS
 still the URL's host, and is never reused for another fetch) and
 ``mcp_http_client`` (the ``httpx2`` client the MCP SDK dials remote tool servers with, set up
 with the same rules: no environment proxies, no redirects followed by the client).
+
+Model calls go through ``httpx`` over a transport of ours (``_wire_timed_transport_type``):
+the same ``httpcore`` pool ``httpx`` builds, with a network backend that times each socket
+connect, read and any write that can wait for the network (``transports.base.WIRE_TIME``),
+which ``httpx`` has no hook for.
+The proxy's added-latency metric then subtracts only that time: the HTTP client's own work
+counts as added, as a client sees it.
 """
 
 from __future__ import annotations
@@ -27,12 +34,16 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from egress_proxy.errors import UpstreamCut, UpstreamUnavailable, UpstreamUnreachable
-from egress_proxy.transports.base import UpstreamRequest, UpstreamResponse
+from egress_proxy.transports.base import UpstreamRequest, UpstreamResponse, on_the_wire
 
 if TYPE_CHECKING:
     import httpx
     import httpx2
 
+
+#: Bytes asyncio's socket transport takes without pausing its writer (its default high-water
+#: mark): a smaller write never waits for the network.
+WRITE_AT_ONCE = 64 * 1024
 
 #: Seconds an idle upstream connection is kept for reuse (see ``NetworkTransport._pool``).
 KEEPALIVE_EXPIRY_S = 1.0
@@ -60,9 +71,7 @@ class NetworkTransport:
                 # an idle connection is let go after 1 s, before any server closes it (uvicorn
                 # and Node: 5 s, gunicorn: 2 s), so no request goes out on a connection the
                 # upstream is closing: it would be recorded UNKNOWN, though never answered
-                limits=httpx.Limits(
-                    max_connections=self._max_connections, keepalive_expiry=KEEPALIVE_EXPIRY_S
-                ),
+                transport=_wire_timed_transport_type()(self._max_connections, KEEPALIVE_EXPIRY_S),
             )
         return self._client
 
@@ -247,3 +256,156 @@ def _capped_transport_type() -> Any:
             await self._inner.aclose()
 
     return CappedTransport
+
+
+@functools.cache
+def _wire_timed_transport_type() -> Any:
+    """The ``httpx`` transport of model calls: ``httpx``'s own mapping onto an ``httpcore``
+    pool whose network backend times every connect and read, and each write that can wait
+    for the network (``on_the_wire``).
+    ``httpx.AsyncHTTPTransport`` takes no network backend, so this is its request and reply
+    mapping again, over public ``httpcore`` API; its exceptions keep their ``httpx`` names."""
+    import httpcore
+    import httpx
+
+    def translated(exc: Exception) -> httpx.HTTPError:
+        """``httpcore``'s exception as the ``httpx`` one of the same name (both libraries
+        name them alike), so messages and ``except httpx.…`` clauses read as before."""
+        kind = getattr(httpx, type(exc).__name__, None)
+        if not (isinstance(kind, type) and issubclass(kind, httpx.TransportError)):
+            kind = httpx.TransportError
+        return kind(str(exc))
+
+    failures = (  # every exception httpcore raises for a request, as httpx maps them
+        httpcore.TimeoutException,
+        httpcore.NetworkError,
+        httpcore.ProtocolError,
+        httpcore.UnsupportedProtocol,
+        httpcore.ProxyError,
+    )
+
+    class TimedStream(httpcore.AsyncNetworkStream):
+        """Times reads (waiting for the upstream's bytes) and writes that can wait for the
+        network. asyncio's socket transport takes a write at once until it holds more than
+        its high-water mark (64 KiB); below that a write's time is the proxy's own work
+        (anyio's turn on the loop), not the network's, and is left out."""
+
+        def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+            self._inner = inner
+            self._backlog = False  # a write past the high-water mark may still be draining
+
+        async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+            self._backlog = False  # the upstream answers: what was written has gone
+            with on_the_wire():
+                return await self._inner.read(max_bytes, timeout)
+
+        async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+            self._backlog = self._backlog or len(buffer) > WRITE_AT_ONCE
+            if not self._backlog:
+                await self._inner.write(buffer, timeout)
+                return
+            with on_the_wire():
+                await self._inner.write(buffer, timeout)
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+        async def start_tls(
+            self,
+            ssl_context: Any,
+            server_hostname: str | None = None,
+            timeout: float | None = None,
+        ) -> httpcore.AsyncNetworkStream:
+            with on_the_wire():
+                return TimedStream(
+                    await self._inner.start_tls(ssl_context, server_hostname, timeout)
+                )
+
+        def get_extra_info(self, info: str) -> Any:
+            return self._inner.get_extra_info(info)
+
+    class TimedBackend(httpcore.AsyncNetworkBackend):
+        def __init__(self) -> None:
+            self._inner = httpcore.AnyIOBackend()
+
+        async def connect_tcp(
+            self,
+            host: str,
+            port: int,
+            timeout: float | None = None,
+            local_address: str | None = None,
+            socket_options: Any = None,
+        ) -> httpcore.AsyncNetworkStream:
+            with on_the_wire():
+                return TimedStream(
+                    await self._inner.connect_tcp(
+                        host, port, timeout, local_address, socket_options
+                    )
+                )
+
+        async def connect_unix_socket(
+            self, path: str, timeout: float | None = None, socket_options: Any = None
+        ) -> httpcore.AsyncNetworkStream:
+            with on_the_wire():
+                return TimedStream(
+                    await self._inner.connect_unix_socket(path, timeout, socket_options)
+                )
+
+        async def sleep(self, seconds: float) -> None:
+            await self._inner.sleep(seconds)
+
+    class Body(httpx.AsyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            try:
+                async for chunk in self._inner:
+                    yield chunk
+            except failures as exc:
+                raise translated(exc) from exc
+
+        async def aclose(self) -> None:
+            if hasattr(self._inner, "aclose"):
+                await self._inner.aclose()
+
+    class WireTimedTransport(httpx.AsyncBaseTransport):
+        def __init__(self, max_connections: int, keepalive_expiry: float) -> None:
+            self._pool = httpcore.AsyncConnectionPool(
+                ssl_context=httpx.create_ssl_context(trust_env=False),
+                max_connections=max_connections,
+                keepalive_expiry=keepalive_expiry,
+                http1=True,
+                http2=False,
+                network_backend=TimedBackend(),
+            )
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            assert isinstance(request.stream, httpx.AsyncByteStream)
+            sent = httpcore.Request(
+                method=request.method,
+                url=httpcore.URL(
+                    scheme=request.url.raw_scheme,
+                    host=request.url.raw_host,
+                    port=request.url.port,
+                    target=request.url.raw_path,
+                ),
+                headers=request.headers.raw,
+                content=request.stream,
+                extensions=request.extensions,
+            )
+            try:
+                reply = await self._pool.handle_async_request(sent)
+            except failures as exc:
+                raise translated(exc) from exc
+            return httpx.Response(
+                status_code=reply.status,
+                headers=reply.headers,
+                stream=Body(reply.stream),
+                extensions=reply.extensions,
+            )
+
+        async def aclose(self) -> None:
+            await self._pool.aclose()
+
+    return WireTimedTransport

@@ -26,6 +26,10 @@ def test_proxy_overhead_quick_prints_one_table_and_a_json_line() -> None:
             for name in ("added_p50_ms", "added_p99_ms", "added_ttfb_ms", "throughput_ratio"):
                 assert isinstance(f[name], float), (mode, clients, name)
     assert measured["durable_commit"]["p50_ms"] > 0
+    floor = measured["forwarder_no_record"]  # the same parts, recording nothing: context
+    assert set(floor) == {f"{m}_c{c}" for m in ("json", "stream") for c in (1, 32)}, floor
+    assert all(f["throughput_ratio"] > 0 and f["failures"] == 0 for f in floor.values())
+    assert any(line.startswith("for context, a forwarder of the same parts") for line in lines)
     assert measured["proxy_metrics"]["mean_added_ms"] > 0  # the proxy's own /metrics saw calls
     assert set(measured["published_added_ms_no_durable_record"]) == {
         "LiteLLM",

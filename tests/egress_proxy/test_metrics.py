@@ -237,3 +237,32 @@ def test_added_latency_counts_from_the_requests_arrival(fresh: Rig) -> None:
     )
     assert count == 1
     assert 0.3 <= added < 5.0, added
+
+
+def test_the_upstreams_own_time_is_not_added(fresh: Rig) -> None:
+    """An upstream that takes 0.6 s over its reply (0.3 s before its first byte, 0.3 s before
+    its last) costs the client that time with or without the proxy: the histograms leave it
+    out, to the first byte and to the last."""
+    rig = fresh
+    url = rig.proxy.url
+    session = rig.open_session()
+    rig.upstream.on_request = lambda _received: time.sleep(0.3)
+    rig.upstream.queue.append(Script(chunks=[REPLY[:10], REPLY[10:]], delay_s=0.3))
+    before = scrape(url)
+    with httpx.Client(timeout=20) as client:
+        started = time.monotonic()
+        response = post(client, f"{session.openai_base_url}/chat/completions", CHAT, session.token)
+        waited = time.monotonic() - started
+    assert response.status_code == 200 and waited >= 0.6
+    after = wait_for(
+        url, "affidavit_proxy_outcomes_total", 1, upstream="openai", outcome="COMMITTED"
+    )
+    for name in ("affidavit_proxy_added_latency_seconds", "affidavit_proxy_added_ttfb_seconds"):
+        count = value(after, f"{name}_count", upstream="openai") - value(
+            before, f"{name}_count", upstream="openai"
+        )
+        added = value(after, f"{name}_sum", upstream="openai") - value(
+            before, f"{name}_sum", upstream="openai"
+        )
+        assert count == 1, name
+        assert 0 < added < waited - 0.25, (name, added, waited)

@@ -8,6 +8,9 @@
   without one), so reconstruct can build the pipeline with no network code present.
 - Against a real server on loopback: the body arrives byte for byte, in order; a refused
   connection is ``UpstreamUnavailable``; a body cut mid-way is ``UpstreamCut``.
+- The network transport tells a call's ``WireTime`` how long it waited on its socket: the
+  upstream's pauses count, the reader's own time between chunks does not, and a large body
+  the upstream is slow to take counts too.
 """
 
 from __future__ import annotations
@@ -17,16 +20,18 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import egress_proxy
 from egress_proxy.errors import UpstreamCut, UpstreamUnavailable
-from egress_proxy.transports.base import UpstreamRequest, header
+from egress_proxy.transports.base import WIRE_TIME, UpstreamRequest, WireTime, header
 from egress_proxy.transports.mock import MockResponse, MockTransport
 from egress_proxy.transports.network import NetworkTransport
-from tests.egress_proxy.loopback import FakeUpstream, LoopbackServer, Script
+from tests.egress_proxy.loopback import FakeUpstream, LoopbackServer, Script, request_body
 
 PACKAGE = Path(egress_proxy.__file__).resolve().parent
 HTTP_CLIENTS = re.compile(
@@ -117,6 +122,83 @@ def test_a_refused_connection_is_upstream_unavailable() -> None:
             await transport.aclose()
 
     asyncio.run(run())
+
+
+def test_the_network_transport_times_its_socket() -> None:
+    """The upstream waits 0.2 s before its reply and 0.2 s between its two chunks: that is
+    wire time. The reader then sleeps 0.4 s after the first chunk, by which time the second
+    has arrived: that is the reader's time, not the wire's."""
+    upstream = FakeUpstream(Script(chunks=[b"first ", b"second"], delay_s=0.2))
+    upstream.on_request = lambda _received: time.sleep(0.2)
+
+    async def run(url: str) -> tuple[WireTime, float]:
+        transport = NetworkTransport()
+        wire = WireTime()
+        WIRE_TIME.set(wire)
+        try:
+            started = time.perf_counter()
+            response = await transport.send(request(url + "/v1/x"))
+            got = []
+            async for chunk in response.body():
+                got.append(chunk)
+                await asyncio.sleep(0.4)
+            await response.aclose()
+            assert b"".join(got) == b"first second"
+            return wire, time.perf_counter() - started
+        finally:
+            await transport.aclose()
+
+    with LoopbackServer(upstream) as server:
+        wire, took = asyncio.run(run(server.url))
+    assert wire.measured
+    assert 0.2 <= wire.seconds <= took - 0.7, (wire, took)  # the 0.8 s asleep stayed out
+
+
+def test_a_large_body_the_upstream_is_slow_to_take_is_wire_time() -> None:
+    """8 MiB sent to an upstream that reads nothing for 0.5 s: the write waits on the network
+    (past asyncio's 64 KiB high-water mark), and that wait is the upstream's time."""
+    body = b"x" * (8 << 20)
+
+    async def slow_reader(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (message := await receive())["type"] != "lifespan.shutdown":
+                await send({"type": message["type"] + ".complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await asyncio.sleep(0.5)
+        await request_body(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run(url: str) -> WireTime:
+        transport = NetworkTransport()
+        wire = WireTime()
+        WIRE_TIME.set(wire)
+        try:
+            assert (await fetch(transport, request(url + "/v1/x", body)))[:2] == (200, b"ok")
+        finally:
+            await transport.aclose()
+        return wire
+
+    with LoopbackServer(slow_reader) as server:
+        wire = asyncio.run(run(server.url))
+    assert wire.measured and wire.seconds >= 0.45, wire
+
+
+def test_without_a_wire_time_nothing_is_counted() -> None:
+    """A call nobody measures (no ``WireTime`` in its context) goes out all the same."""
+    upstream = FakeUpstream(Script(chunks=[b"{}"]))
+
+    async def run(url: str) -> tuple[int, bytes, str | None]:
+        assert WIRE_TIME.get() is None
+        transport = NetworkTransport()
+        try:
+            return await fetch(transport, request(url + "/v1/x"))
+        finally:
+            await transport.aclose()
+
+    with LoopbackServer(upstream) as server:
+        assert asyncio.run(run(server.url))[:2] == (200, b"{}")
 
 
 def test_mock_transport_records_its_calls() -> None:
