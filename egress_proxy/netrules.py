@@ -13,10 +13,14 @@ connections to it are let in from any IPv4 source too.
 Where the proxy shares the harness's namespace (``proxy_uid`` set: the full image's guest, where
 engine, proxy and harness are services under their own uids on one loopback), loopback is
 ruled by uid too: a new connection over loopback is accepted from the proxy's uid (it alone
-reaches the engine) and from ``loopback_uids`` (root: PID 1's health checks); any other uid,
-the harness's among them, reaches only the proxy's port(s), and is answered everywhere else
-with a reject (a TCP reset, so a probe fails at once with "connection refused" rather than
-waiting out a timeout). The engine's token (``inference.engine_token``) is the second lock.
+reaches the engine: only the engine's port where ``proxy_loopback_ports`` names it) and from
+``loopback_uids`` (root: PID 1's health checks); any other uid, the harness's among them,
+reaches only the proxy's port(s), and is answered everywhere else with a reject (a TCP reset,
+so a probe fails at once with "connection refused" rather than waiting out a timeout). The
+engine's token (``inference.engine_token``) is the second lock. Loopback here is every
+address of the machine itself: a connection to the guest's own external address goes over
+``lo`` too, so a name the host's DNS points at the guest itself cannot take the proxy to a
+listener of another uid (the database password in the store's URL would go to it).
 
 ``render`` writes the ruleset from a ``HarnessRules``; ``APPLIANCE`` is the appliance's
 addressing, and ``netrules/appliance.nft`` (shipped in this package) is ``render(APPLIANCE)``.
@@ -38,8 +42,9 @@ class HarnessRules:
     """What the harness's namespace may do; everything not named here is dropped.
 
     ``proxy_uid``: for a layout where the proxy shares the harness's namespace (the full
-    image's guest), the uid whose sockets may go anywhere; loopback is then ruled by uid
-    (``loopback_uids`` may reach every loopback port too, every other uid only the proxy's).
+    image's guest), the uid whose sockets may leave the machine; loopback is then ruled by uid
+    (``loopback_uids`` may reach every loopback port, the proxy's uid those in
+    ``proxy_loopback_ports`` (every one where that is None), every other uid only the proxy's).
     ``None`` (a harness namespace of its own: ``APPLIANCE``) lets no process out but to the
     proxy, and leaves loopback, which holds only the harness, open.
     """
@@ -50,6 +55,8 @@ class HarnessRules:
     api_sources: tuple[IPv4Network, ...] = ()  # who may call the API; empty: any IPv4 source
     proxy_uid: int | None = None
     loopback_uids: tuple[int, ...] = (0,)  # with proxy_uid: also reach every loopback port
+    #: With proxy_uid: the loopback ports the proxy's uid may reach (the engine's); None: all.
+    proxy_loopback_ports: tuple[int, ...] | None = None
     #: The external TLS port (the attested front, ``harness.front``): new TCP connections to
     #: it are accepted from any IPv4 source. None: no such port (the harness's own namespace).
     tls_port: int | None = None
@@ -60,7 +67,11 @@ class HarnessRules:
         if not self.proxy_ports:
             raise ValueError("proxy_ports must name at least one port")
         tls = (self.tls_port,) if self.tls_port is not None else ()
-        for port in (*self.proxy_ports, self.api_port, *tls):
+        if self.proxy_loopback_ports is not None and (
+            self.proxy_uid is None or not self.proxy_loopback_ports
+        ):
+            raise ValueError("proxy_loopback_ports needs proxy_uid and at least one port")
+        for port in (*self.proxy_ports, self.api_port, *tls, *(self.proxy_loopback_ports or ())):
             if not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ValueError(f"not a TCP port: {port!r}")
         for source in self.api_sources:
@@ -98,8 +109,18 @@ def render(rules: HarnessRules) -> str:
     loopback = ['\t\toif "lo" accept']
     chain: list[str] = []
     if rules.proxy_uid is not None:
-        uids = sorted({rules.proxy_uid, *rules.loopback_uids})
-        defines = [f"define loopback_uids = {_set([str(u) for u in uids])}"]
+        bounded = rules.proxy_loopback_ports is not None  # the proxy: only those loopback ports
+        uids = sorted({*rules.loopback_uids, *(() if bounded else (rules.proxy_uid,))})
+        defines = [f"define loopback_uids = {_set([str(u) for u in uids])}"] if uids else []
+        engine: list[str] = []
+        if rules.proxy_loopback_ports is not None:
+            ports_of_proxy = [str(p) for p in sorted(set(rules.proxy_loopback_ports))]
+            defines.append(f"define proxy_loopback_ports = {_set(ports_of_proxy)}")
+            engine = [
+                f"\t\tmeta skuid {rules.proxy_uid} tcp dport $proxy_loopback_ports accept"
+                ' comment "the proxy: the engine\'s port only"'
+            ]
+        who = "loopback_uids" if bounded else "the proxy, loopback_uids"
         loopback = [
             '\t\toif "lo" jump loopback',
             f'\t\tmeta skuid {rules.proxy_uid} accept comment "the proxy\'s own sockets"',
@@ -108,7 +129,12 @@ def render(rules: HarnessRules) -> str:
             "",
             "\tchain loopback {",
             "\t\tct state established,related accept",
-            '\t\tmeta skuid $loopback_uids accept comment "the proxy, loopback_uids: every port"',
+            *(
+                [f'\t\tmeta skuid $loopback_uids accept comment "{who}: every port"']
+                if uids
+                else []
+            ),
+            *engine,
             '\t\ttcp dport $proxy_ports accept comment "any other uid: the proxy\'s port only"',
             '\t\tmeta l4proto tcp reject with tcp reset comment "refused at once, not dropped"',
             "\t\treject",
@@ -121,7 +147,13 @@ def render(rules: HarnessRules) -> str:
         else "# out: TCP to the proxy only; in: TCP to the API and TLS ports only; all else"
         " dropped.",
         *(
-            ["# loopback: by uid; only the proxy and loopback_uids get past the proxy's port."]
+            [
+                "# loopback: by uid; only the proxy (to the engine) and loopback_uids get past the"
+                " proxy's port."
+                if rules.proxy_loopback_ports is not None
+                else "# loopback: by uid; only the proxy and loopback_uids get past the proxy's"
+                " port."
+            ]
             if shared
             else []
         ),

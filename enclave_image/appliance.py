@@ -322,7 +322,8 @@ def probe_connect(
 
 def guest_rules(layout: GuestLayout) -> HarnessRules:
     """The guest's ruleset: only the proxy's uid leaves the machine or passes loopback's proxy
-    port (root too on loopback: PID 1's health checks); the others are refused there."""
+    port, and on loopback it reaches only the engine's; root reaches every loopback port (PID
+    1's health checks); the others are refused there."""
     from egress_proxy.netrules import HarnessRules
 
     return HarnessRules(
@@ -331,6 +332,7 @@ def guest_rules(layout: GuestLayout) -> HarnessRules:
         api_port=layout.harness_port,
         proxy_uid=layout.proxy_uid,
         loopback_uids=(0,),
+        proxy_loopback_ports=(layout.engine_port,),
         tls_port=layout.tls_port,
     )
 
@@ -350,8 +352,9 @@ def network_rules(layout: GuestLayout, probe: tuple[str, int] | None, say: Say) 
         raise StartError(f"nft -f - exited {done.returncode}: {done.stderr.strip()}")
     say(f"netrules: loaded table inet {TABLE}: only uid {layout.proxy_uid} may leave the machine")
     say(
-        f"netrules: loopback: uids {layout.proxy_uid} and 0 reach every port, any other uid"
-        f" only {layout.proxy_port} (the rest refused)"
+        f"netrules: loopback: uid 0 reaches every port, uid {layout.proxy_uid} only"
+        f" {layout.engine_port} (the engine), any other uid only {layout.proxy_port} (the rest"
+        " refused)"
     )
     if probe is None:
         return

@@ -130,6 +130,43 @@ def test_loopback_is_ruled_by_uid_where_the_proxy_shares_the_namespace() -> None
         "meta l4proto tcp reject with tcp reset",  # and refused at once elsewhere
         "reject",
     ]
+    # The guest's rules: the proxy's uid reaches only the engine's port on loopback, root
+    # (loopback_uids) every port.
+    engine_only = render(
+        HarnessRules(
+            IPv4Address("127.0.0.1"),
+            (8700,),
+            8600,
+            proxy_uid=1001,
+            loopback_uids=(0,),
+            proxy_loopback_ports=(8000,),
+        )
+    )
+    assert "define loopback_uids = { 0 }" in engine_only
+    assert "define proxy_loopback_ports = { 8000 }" in engine_only
+    chain = engine_only[engine_only.index("\tchain loopback {") :]
+    chain = chain[: chain.index("\t}")]
+    assert [line.strip().split(" comment ")[0] for line in chain.splitlines()[1:]] == [
+        "ct state established,related accept",
+        "meta skuid $loopback_uids accept",  # root: every loopback port
+        "meta skuid 1001 tcp dport $proxy_loopback_ports accept",  # the proxy: the engine's
+        "tcp dport $proxy_ports accept",
+        "meta l4proto tcp reject with tcp reset",
+        "reject",
+    ]
+    # With no loopback_uids, no empty set is written (nft would refuse it).
+    alone = render(
+        HarnessRules(
+            IPv4Address("127.0.0.1"),
+            (8700,),
+            8600,
+            proxy_uid=1001,
+            loopback_uids=(),
+            proxy_loopback_ports=(8000,),
+        )
+    )
+    assert "define loopback_uids" not in alone and "$loopback_uids" not in alone
+    assert "{ }" not in alone
     # Its own namespace (APPLIANCE): loopback holds only the harness, and stays open.
     assert 'oif "lo" accept' in render(RULES) and "reject" not in render(RULES)
 
@@ -145,6 +182,12 @@ def test_rules_refuse_nonsense() -> None:
         HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_uid=-1)
     with pytest.raises(ValueError):
         HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_uid=1, loopback_uids=(-1,))
+    with pytest.raises(ValueError, match="proxy_loopback_ports needs proxy_uid"):
+        HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_loopback_ports=(8000,))
+    with pytest.raises(ValueError, match="proxy_loopback_ports needs proxy_uid"):
+        HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_uid=1, proxy_loopback_ports=())
+    with pytest.raises(ValueError, match="not a TCP port"):
+        HarnessRules(IPv4Address("10.0.0.1"), (8700,), 8600, proxy_uid=1, proxy_loopback_ports=(0,))
     with pytest.raises(TypeError):
         HarnessRules("10.0.0.1", (8700,), 8600)  # type: ignore[arg-type]
 

@@ -317,8 +317,8 @@ def test_only_the_proxy_uid_leaves_the_machine(netns: tuple[str, str]) -> None:
         "netrules: loaded table inet affidavit_harness: only uid 1001 may leave the machine"
     )
     assert said[1] == (
-        "netrules: loopback: uids 1001 and 0 reach every port, any other uid only 8700"
-        " (the rest refused)"
+        "netrules: loopback: uid 0 reaches every port, uid 1001 only 8000 (the engine), any"
+        " other uid only 8700 (the rest refused)"
     )
     assert said[2].startswith("netrules: uid 1003 -> 10.0.2.2:9999 blocked (")
     assert said[3] == "netrules: uid 1001 -> 10.0.2.2:9999 connected"

@@ -10,7 +10,9 @@ harness 1003 with its API on 8600), and connects as those uids (children switche
 - Listeners on the guest's ports: before the rules the harness's uid reaches the engine's port
   (what stops it after is the rules); after, it reaches the proxy's port and is refused,
   at once (a TCP reset: "Connection refused", not a timeout), everywhere else; the proxy's uid
-  and root (PID 1's health checks) reach the engine's port; the engine's own uid does not.
+  and root (PID 1's health checks) reach the engine's port; the engine's own uid does not. The
+  proxy's uid reaches nothing else on loopback, nor on an address of the guest's own (a
+  listener on every address, reached through a veth's address), where root does.
 - The real engine (``affidavit engine serve --token-file``, the tiny model) on the engine's
   port: the proxy's uid without the token, or with another, gets 401, with it 200; the
   harness's uid, token or not, never gets a connection; the guest's health check
@@ -41,12 +43,16 @@ LAYOUT = GuestLayout()
 PROXY, ENGINE, HARNESS = LAYOUT.proxy_uid, LAYOUT.engine_uid, LAYOUT.harness_uid
 PROXY_PORT, ENGINE_PORT, API_PORT = LAYOUT.proxy_port, LAYOUT.engine_port, LAYOUT.harness_port
 OTHER_PORT = 9999
+#: An address of the guest's own, on an interface that is not loopback (the guest's eth0, in
+#: miniature): connections to it go over ``lo`` all the same, and are ruled as loopback.
+OWN_ADDRESS, WIDE_PORT = "10.78.0.5", 9998
+LO = "127.0.0.1"
 SYSTEM_PYTHON = "/usr/bin/python3"
 REFUSED = "Connection refused"  # ECONNREFUSED's text: a reset came back (a drop times out)
 
 LISTEN = r"""
 import json, select, socket, sys
-socks = {socket.create_server(("127.0.0.1", port)): tag for tag, port in json.loads(sys.argv[1])}
+socks = {socket.create_server((host, port)): tag for tag, port, host in json.loads(sys.argv[1])}
 print(json.dumps("ready"), flush=True)
 while True:
     for s in select.select(list(socks), [], [])[0]:
@@ -61,7 +67,7 @@ from enclave_image.appliance import GuestLayout, network_rules, probe_connect
 layout = GuestLayout(nft="nft", python=sys.argv[1])
 before, after = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 def probe(plan):
-    return [probe_connect("127.0.0.1", port, uid, python=layout.python) for uid, port in plan]
+    return [probe_connect(host, port, uid, python=layout.python) for uid, port, host in plan]
 out = {"before": probe(before)}
 said = []
 network_rules(layout, None, said.append)
@@ -166,21 +172,36 @@ def _stop(proc: subprocess.Popen[str]) -> str:
 
 
 def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
-    ports = [["proxy", PROXY_PORT], ["engine", ENGINE_PORT], ["api", API_PORT]]
-    listen = [sys.executable, "-c", LISTEN, json.dumps([*ports, ["other", OTHER_PORT]])]
+    _sh("ip", "link", "add", "aff0", "type", "veth", "peer", "name", "aff1", ns=guest_ns)
+    _sh("ip", "addr", "add", f"{OWN_ADDRESS}/32", "dev", "aff0", ns=guest_ns)
+    _sh("ip", "link", "set", "aff0", "up", ns=guest_ns)
+    _sh("ip", "link", "set", "aff1", "up", ns=guest_ns)
+    ports = [["proxy", PROXY_PORT, LO], ["engine", ENGINE_PORT, LO], ["api", API_PORT, LO]]
+    listen = [
+        sys.executable,
+        "-c",
+        LISTEN,
+        json.dumps([*ports, ["other", OTHER_PORT, LO], ["wide", WIDE_PORT, "0.0.0.0"]]),
+    ]
     listener = _start(guest_ns, listen, '"ready"')
-    before = [[HARNESS, ENGINE_PORT]]
+    before = [[HARNESS, ENGINE_PORT, LO], [PROXY, OTHER_PORT, LO], [PROXY, WIDE_PORT, OWN_ADDRESS]]
     after = [
-        [HARNESS, PROXY_PORT],
-        [HARNESS, ENGINE_PORT],
-        [HARNESS, API_PORT],
-        [HARNESS, OTHER_PORT],
-        [ENGINE, ENGINE_PORT],
-        [ENGINE, PROXY_PORT],
-        [PROXY, ENGINE_PORT],
-        [PROXY, OTHER_PORT],
-        [0, ENGINE_PORT],
-        [0, API_PORT],
+        [HARNESS, PROXY_PORT, LO],
+        [HARNESS, ENGINE_PORT, LO],
+        [HARNESS, API_PORT, LO],
+        [HARNESS, OTHER_PORT, LO],
+        [ENGINE, ENGINE_PORT, LO],
+        [ENGINE, PROXY_PORT, LO],
+        [PROXY, ENGINE_PORT, LO],
+        # The proxy reaches the engine alone: a store URL whose name the host's DNS points at
+        # loopback, or at the guest itself, would hand the database password to whatever
+        # other uid listens there.
+        [PROXY, OTHER_PORT, LO],
+        [PROXY, API_PORT, LO],
+        [PROXY, WIDE_PORT, OWN_ADDRESS],
+        [0, ENGINE_PORT, LO],
+        [0, API_PORT, LO],
+        [0, WIDE_PORT, OWN_ADDRESS],
     ]
     try:
         out: dict[str, Any] = json.loads(
@@ -197,26 +218,45 @@ def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
         )
     finally:
         accepted = [json.loads(line) for line in _stop(listener).splitlines()]
-    # Without the rules the harness's uid reaches the engine: the rules are what stop it.
-    assert out["before"] == [None]
+    # Without the rules these connect: the rules are what stop them.
+    assert out["before"] == [None, None, None]
     assert out["said"][0] == (
         f"netrules: loaded table inet affidavit_harness: only uid {PROXY} may leave the machine"
     )
-    verdicts = dict(zip((f"{uid}->{port}" for uid, port in after), out["after"], strict=True))
+    assert out["said"][1] == (
+        f"netrules: loopback: uid 0 reaches every port, uid {PROXY} only {ENGINE_PORT} (the"
+        f" engine), any other uid only {PROXY_PORT} (the rest refused)"
+    )
+    verdicts = dict(
+        zip((f"{uid}->{host}:{port}" for uid, port, host in after), out["after"], strict=True)
+    )
     assert verdicts == {
-        f"{HARNESS}->{PROXY_PORT}": None,  # connected
-        f"{HARNESS}->{ENGINE_PORT}": REFUSED,
-        f"{HARNESS}->{API_PORT}": REFUSED,
-        f"{HARNESS}->{OTHER_PORT}": REFUSED,
-        f"{ENGINE}->{ENGINE_PORT}": REFUSED,
-        f"{ENGINE}->{PROXY_PORT}": None,
-        f"{PROXY}->{ENGINE_PORT}": None,
-        f"{PROXY}->{OTHER_PORT}": None,
-        f"0->{ENGINE_PORT}": None,
-        f"0->{API_PORT}": None,
+        f"{HARNESS}->{LO}:{PROXY_PORT}": None,  # connected
+        f"{HARNESS}->{LO}:{ENGINE_PORT}": REFUSED,
+        f"{HARNESS}->{LO}:{API_PORT}": REFUSED,
+        f"{HARNESS}->{LO}:{OTHER_PORT}": REFUSED,
+        f"{ENGINE}->{LO}:{ENGINE_PORT}": REFUSED,
+        f"{ENGINE}->{LO}:{PROXY_PORT}": None,
+        f"{PROXY}->{LO}:{ENGINE_PORT}": None,
+        f"{PROXY}->{LO}:{OTHER_PORT}": REFUSED,
+        f"{PROXY}->{LO}:{API_PORT}": REFUSED,
+        f"{PROXY}->{OWN_ADDRESS}:{WIDE_PORT}": REFUSED,
+        f"0->{LO}:{ENGINE_PORT}": None,
+        f"0->{LO}:{API_PORT}": None,
+        f"0->{OWN_ADDRESS}:{WIDE_PORT}": None,
     }, verdicts
-    # The listeners saw the probe before the rules, then exactly the connections let through.
-    assert accepted == ["engine", "proxy", "proxy", "engine", "other", "engine", "api"]
+    # The listeners saw the probes before the rules, then exactly the connections let through.
+    assert accepted == [
+        "engine",
+        "other",
+        "wide",
+        "proxy",
+        "proxy",
+        "engine",
+        "engine",
+        "api",
+        "wide",
+    ]
 
 
 def test_the_engine_answers_only_the_proxy_uid_with_its_token(
