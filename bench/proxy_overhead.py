@@ -116,20 +116,31 @@ QUICK = Plan(calls={1: 40, 32: 160}, repeats=1, warmup=10, commits=50)
 # -- the upstream and the proxy, each in a process of its own -------------------------------------
 
 
-async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """Replies at once: the JSON reply, or the events when the request asks to stream."""
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            await send({"type": message["type"] + ".complete"})
-            if message["type"] == "lifespan.shutdown":
-                return
+async def lifespan(receive: Any, send: Any) -> None:
+    """An ASGI lifespan that only says yes, until shutdown."""
+    while True:
+        message = await receive()
+        await send({"type": message["type"] + ".complete"})
+        if message["type"] == "lifespan.shutdown":
+            return
+
+
+async def request_body(receive: Any) -> bytes:
+    """An ASGI request's whole body."""
     body = bytearray()
     while True:
         message = await receive()
         body += message.get("body", b"")
         if not message.get("more_body"):
-            break
+            return bytes(body)
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Replies at once: the JSON reply, or the events when the request asks to stream."""
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return
+    body = await request_body(receive)
     streamed = b'"stream":true' in body
     content_type = b"text/event-stream" if streamed else b"application/json"
     headers = [(b"content-type", content_type)]
@@ -165,25 +176,16 @@ def serve_forwarder(upstream_url: str, conn: Connection) -> None:
     async def forward(scope: dict[str, Any], receive: Any, send: Any) -> None:
         nonlocal client
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
+            await lifespan(receive, send)
+            return
         if client is None:
             client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=64)
             )
-        body = bytearray()
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
         built = client.build_request(
             "POST",
             upstream_url + scope["path"],
-            content=bytes(body),
+            content=await request_body(receive),
             headers={"content-type": "application/json"},
         )
         reply = await client.send(built, stream=True)
