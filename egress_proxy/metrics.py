@@ -15,7 +15,9 @@ to the first body bytes. The upstream's time is what the call spent on its socke
 writing, reading: ``transports.base.WIRE_TIME``, measured by the network transport), so the
 proxy's own HTTP client counts as added, as a client sees it. A transport that sees no socket
 falls back to the time its ``send`` and its body's reads took (the consumer's time between
-reads stays out). The call starts when the request's first bytes reach the HTTP server
+reads stays out). A read's wait ends when its task runs again, not when the bytes arrived: time
+the event loop spent on other calls meanwhile counts as the upstream's, so under load the
+figure reads somewhat low. The call starts when the request's first bytes reach the HTTP server
 (:class:`ArrivalStamped`, handed on by ``ProxyMetrics.arrivals``, the outermost middleware), so
 parsing, routing, reading the body and finding the session count too; only the network before
 it is outside. Both are observed only when the client reads its reply to the end. The parts
@@ -202,8 +204,9 @@ class ProxyMetrics:
         async def metered(call: Call) -> Reply:
             name = call.upstream.name
             timing = _Timing(name, _ARRIVED.get() or time.perf_counter())
-            _TIMING.set(timing)
-            WIRE_TIME.set(timing.wire)
+            # This call's alone: the capture that reads the body was spawned with a copy, and
+            # nothing after this call in the same task adds to it.
+            timed, wired = _TIMING.set(timing), WIRE_TIME.set(timing.wire)
             self.calls.labels(name).inc()
             self.bytes.labels(name, "request_in").inc(len(call.input_bytes))
             try:
@@ -212,6 +215,9 @@ class ProxyMetrics:
                 unknown = isinstance(exc, UpstreamUnavailable)
                 self.outcomes.labels(name, "UNKNOWN" if unknown else exc.code).inc()
                 raise
+            finally:
+                WIRE_TIME.reset(wired)
+                _TIMING.reset(timed)
             if reply.committed is None:  # not recorded here: counted by its status
                 self.outcomes.labels(name, f"status_{reply.status}").inc()
             else:

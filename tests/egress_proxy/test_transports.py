@@ -35,7 +35,7 @@ from tests.egress_proxy.loopback import FakeUpstream, LoopbackServer, Script, re
 
 PACKAGE = Path(egress_proxy.__file__).resolve().parent
 HTTP_CLIENTS = re.compile(
-    r"^\s*(?:import|from)\s+(httpx\w*|aiohttp|requests|urllib3|urllib\.request|http\.client)\b",
+    r"^\s*(?:import|from)\s+(httpx\w*|httpcore\w*|aiohttp|requests|urllib3|urllib\.request|http\.client)\b",
     re.MULTILINE,
 )
 
@@ -47,10 +47,10 @@ def test_only_the_network_transport_imports_an_http_client() -> None:
         if found:
             importers[path.relative_to(PACKAGE).as_posix()] = sorted(set(found))
     # httpx2 is the MCP SDK's client: network.py builds it for remote tool servers.
-    assert importers == {"transports/network.py": ["httpx", "httpx2"]}
+    assert importers == {"transports/network.py": ["httpcore", "httpx", "httpx2"]}
     # ... and there only inside functions (or for type checking), never at import time.
     source = (PACKAGE / "transports" / "network.py").read_text("utf-8")
-    assert not re.search(r"^(?:import|from)\s+httpx", source, re.MULTILINE)
+    assert not re.search(r"^(?:import|from)\s+(?:httpx|httpcore)", source, re.MULTILINE)
 
 
 def test_importing_the_pipeline_loads_no_network_code() -> None:
@@ -59,7 +59,7 @@ def test_importing_the_pipeline_loads_no_network_code() -> None:
         "import egress_proxy.pipeline, egress_proxy.app, egress_proxy.server\n"
         "import egress_proxy.transports, egress_proxy.transports.mock, egress_proxy.recovery\n"
         "bad = sorted(m for m in sys.modules if m == 'egress_proxy.transports.network'"
-        " or m.split('.')[0] in ('httpx', 'httpx2'))\n"
+        " or m.split('.')[0] in ('httpx', 'httpx2', 'httpcore', 'httpcore2'))\n"
         "print(bad)\n"
     )
     root = PACKAGE.parent
