@@ -55,7 +55,8 @@ class HarnessRules:
     api_sources: tuple[IPv4Network, ...] = ()  # who may call the API; empty: any IPv4 source
     proxy_uid: int | None = None
     loopback_uids: tuple[int, ...] = (0,)  # with proxy_uid: also reach every loopback port
-    #: With proxy_uid: the loopback ports the proxy's uid may reach (the engine's); None: all.
+    #: With proxy_uid: the ports on 127.0.0.1 the proxy's uid may reach (the engine's), and no
+    #: other local address or port; None: every one.
     proxy_loopback_ports: tuple[int, ...] | None = None
     #: The external TLS port (the attested front, ``harness.front``): new TCP connections to
     #: it are accepted from any IPv4 source. None: no such port (the harness's own namespace).
@@ -117,8 +118,8 @@ def render(rules: HarnessRules) -> str:
             ports_of_proxy = [str(p) for p in sorted(set(rules.proxy_loopback_ports))]
             defines.append(f"define proxy_loopback_ports = {_set(ports_of_proxy)}")
             engine = [
-                f"\t\tmeta skuid {rules.proxy_uid} tcp dport $proxy_loopback_ports accept"
-                ' comment "the proxy: the engine\'s port only"'
+                f"\t\tmeta skuid {rules.proxy_uid} ip daddr 127.0.0.1 tcp dport"
+                ' $proxy_loopback_ports accept comment "the proxy: the engine\'s port only"'
             ]
         who = "loopback_uids" if bounded else "the proxy, loopback_uids"
         loopback = [

@@ -149,7 +149,7 @@ def test_loopback_is_ruled_by_uid_where_the_proxy_shares_the_namespace() -> None
     assert [line.strip().split(" comment ")[0] for line in chain.splitlines()[1:]] == [
         "ct state established,related accept",
         "meta skuid $loopback_uids accept",  # root: every loopback port
-        "meta skuid 1001 tcp dport $proxy_loopback_ports accept",  # the proxy: the engine's
+        "meta skuid 1001 ip daddr 127.0.0.1 tcp dport $proxy_loopback_ports accept",  # engine
         "tcp dport $proxy_ports accept",
         "meta l4proto tcp reject with tcp reset",
         "reject",

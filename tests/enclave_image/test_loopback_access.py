@@ -181,10 +181,22 @@ def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
         sys.executable,
         "-c",
         LISTEN,
-        json.dumps([*ports, ["other", OTHER_PORT, LO], ["wide", WIDE_PORT, "0.0.0.0"]]),
+        json.dumps(
+            [
+                *ports,
+                ["other", OTHER_PORT, LO],
+                ["wide", WIDE_PORT, "0.0.0.0"],
+                ["own-engine", ENGINE_PORT, OWN_ADDRESS],  # the engine's port, another address
+            ]
+        ),
     ]
     listener = _start(guest_ns, listen, '"ready"')
-    before = [[HARNESS, ENGINE_PORT, LO], [PROXY, OTHER_PORT, LO], [PROXY, WIDE_PORT, OWN_ADDRESS]]
+    before = [
+        [HARNESS, ENGINE_PORT, LO],
+        [PROXY, OTHER_PORT, LO],
+        [PROXY, WIDE_PORT, OWN_ADDRESS],
+        [PROXY, ENGINE_PORT, OWN_ADDRESS],
+    ]
     after = [
         [HARNESS, PROXY_PORT, LO],
         [HARNESS, ENGINE_PORT, LO],
@@ -199,6 +211,7 @@ def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
         [PROXY, OTHER_PORT, LO],
         [PROXY, API_PORT, LO],
         [PROXY, WIDE_PORT, OWN_ADDRESS],
+        [PROXY, ENGINE_PORT, OWN_ADDRESS],
         [0, ENGINE_PORT, LO],
         [0, API_PORT, LO],
         [0, WIDE_PORT, OWN_ADDRESS],
@@ -219,7 +232,7 @@ def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
     finally:
         accepted = [json.loads(line) for line in _stop(listener).splitlines()]
     # Without the rules these connect: the rules are what stop them.
-    assert out["before"] == [None, None, None]
+    assert out["before"] == [None, None, None, None]
     assert out["said"][0] == (
         f"netrules: loaded table inet affidavit_harness: only uid {PROXY} may leave the machine"
     )
@@ -241,6 +254,7 @@ def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
         f"{PROXY}->{LO}:{OTHER_PORT}": REFUSED,
         f"{PROXY}->{LO}:{API_PORT}": REFUSED,
         f"{PROXY}->{OWN_ADDRESS}:{WIDE_PORT}": REFUSED,
+        f"{PROXY}->{OWN_ADDRESS}:{ENGINE_PORT}": REFUSED,
         f"0->{LO}:{ENGINE_PORT}": None,
         f"0->{LO}:{API_PORT}": None,
         f"0->{OWN_ADDRESS}:{WIDE_PORT}": None,
@@ -250,6 +264,7 @@ def test_on_loopback_the_harness_reaches_only_the_proxy(guest_ns: str) -> None:
         "engine",
         "other",
         "wide",
+        "own-engine",
         "proxy",
         "proxy",
         "engine",
