@@ -12,7 +12,7 @@ Every app has its own ``CollectorRegistry`` (never the process-global one), serv
 Added latency is time in the proxy less the upstream's time, for the same call:
 ``(client's last byte − call start) − (upstream's time)``; added time to first byte likewise,
 to the first body bytes. The upstream's time is what the call spent on its socket (connecting,
-writing, reading: ``transports.base.WIRE_TIME``, measured by the network transport), so the
+reading, writes that had to wait: ``transports.base.WIRE_TIME``, from the network transport), so the
 proxy's own HTTP client counts as added, as a client sees it. A transport that sees no socket
 falls back to the time its ``send`` and its body's reads took (the consumer's time between
 reads stays out). A read's wait ends when its task runs again, not when the bytes arrived: time

@@ -13,8 +13,8 @@ connections to it are let in from any IPv4 source too.
 Where the proxy shares the harness's namespace (``proxy_uid`` set: the full image's guest, where
 engine, proxy and harness are services under their own uids on one loopback), loopback is
 ruled by uid too: a new connection over loopback is accepted from the proxy's uid (it alone
-reaches the engine: only the engine's port where ``proxy_loopback_ports`` names it) and from
-``loopback_uids`` (root: PID 1's health checks); any other uid, the harness's among them,
+reaches the engine: only its port on 127.0.0.1 where ``proxy_loopback_ports`` names it) and
+from ``loopback_uids`` (root: PID 1's health checks); any other uid, the harness's among them,
 reaches only the proxy's port(s), and is answered everywhere else with a reject (a TCP reset,
 so a probe fails at once with "connection refused" rather than waiting out a timeout). The
 engine's token (``inference.engine_token``) is the second lock. Loopback here is every
